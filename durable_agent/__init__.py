@@ -1,0 +1,58 @@
+"""durable-agent: crash-safe AI agent turns on Celery, with a durable step journal in Postgres.
+
+Before each model or tool call the intent is committed; after it, the outcome. A redelivered
+turn reads finished calls back instead of running them again, and every tool carries a
+required replay label: ``safe`` (may run again) or ``never`` (never runs twice).
+"""
+
+from .client import get_turn, start_turn, wait_for_turn
+from .context import CallContext, current_call, still_claimed
+from .errors import (
+    ConfigurationError,
+    DurableAgentError,
+    LeaseLost,
+    ModelUnavailable,
+    ReplayDiverged,
+    ServiceUnavailable,
+    StepLimitReached,
+    ToolDefinitionError,
+    TurnFailed,
+    TurnNotFound,
+)
+from .journal import Step, Turn
+from .settings import Settings
+from .tools import Tool, tool
+
+__all__ = [
+    "CallContext",
+    "ConfigurationError",
+    "DurableAgentError",
+    "LeaseLost",
+    "ModelUnavailable",
+    "ReplayDiverged",
+    "ServiceUnavailable",
+    "Settings",
+    "Step",
+    "StepLimitReached",
+    "Tool",
+    "ToolDefinitionError",
+    "Turn",
+    "TurnFailed",
+    "TurnNotFound",
+    "current_call",
+    "get_turn",
+    "run_turn",
+    "start_turn",
+    "still_claimed",
+    "tool",
+    "wait_for_turn",
+]
+
+
+def __getattr__(name: str) -> object:
+    # The Celery task lives with its app; import it only when asked for.
+    if name == "run_turn":
+        from .tasks import run_turn
+
+        return run_turn
+    raise AttributeError(f"module 'durable_agent' has no attribute {name!r}")

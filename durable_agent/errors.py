@@ -1,0 +1,84 @@
+"""The errors durable-agent raises.
+
+The tree is shallow on purpose::
+
+    DurableAgentError
+    ├── ConfigurationError        a setting, URL or tools module is wrong (fix the config)
+    │   └── ToolDefinitionError   a @tool is declared wrongly (fails at import)
+    ├── ServiceUnavailable        Postgres or the broker cannot be reached (retryable)
+    ├── TurnNotFound              no turn has that id
+    ├── TurnFailed                the turn ended as failed; ``reason`` says why
+    │   ├── ReplayDiverged        the journal records another call at this step
+    │   └── StepLimitReached      the turn hit its step cap
+    ├── ModelUnavailable          the model API kept failing; the turn stays resumable (retryable)
+    └── LeaseLost                 another worker owns the turn now; stop, write nothing more
+
+``retryable`` says whether running the same thing again later can succeed.
+The driver's own exception is kept as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+
+class DurableAgentError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+    retryable = False
+
+
+class ConfigurationError(DurableAgentError):
+    """A setting, URL, or tools module is wrong. Fix the configuration and run again."""
+
+
+class ToolDefinitionError(ConfigurationError):
+    """A tool is declared wrongly: missing or unknown label, duplicate name, bad signature."""
+
+
+class ServiceUnavailable(DurableAgentError):
+    """Postgres or the broker cannot be reached."""
+
+    retryable = True
+
+
+class TurnNotFound(DurableAgentError):
+    """No turn has this id."""
+
+    def __init__(self, turn_id: str) -> None:
+        super().__init__(f"no turn with id {turn_id!r}")
+        self.turn_id = turn_id
+
+
+class TurnFailed(DurableAgentError):
+    """The turn cannot finish; it is recorded as failed with this reason."""
+
+
+class ReplayDiverged(TurnFailed):
+    """The journal records a different call at this step than the one being made."""
+
+    def __init__(
+        self, turn_id: str, step: int, recorded: str, current: str, detail: str = ""
+    ) -> None:
+        message = (
+            f"replay diverged in turn {turn_id} at step {step}: the journal records "
+            f"{recorded!r} but this run calls {current!r}"
+        )
+        if detail:
+            message += f" ({detail})"
+        super().__init__(message)
+        self.turn_id, self.step, self.recorded, self.current = turn_id, step, recorded, current
+
+
+class StepLimitReached(TurnFailed):
+    """The turn used every step it was allowed."""
+
+
+class ModelUnavailable(DurableAgentError):
+    """The model API failed after its retries; the turn keeps its journal and runs again later."""
+
+    retryable = True
+
+
+class LeaseLost(DurableAgentError):
+    """Another worker took this turn over (its epoch moved on); this worker must stop the turn."""
+
+    retryable = True

@@ -1,0 +1,53 @@
+"""Named crash points, inert until armed by ``CRASH_AT=<step>:<before_run|after_run>``.
+
+``before_run`` fires after the step's intent is committed and before the call runs;
+``after_run`` fires after the call returned and before its outcome is recorded. The
+process ends with ``os._exit(1)``: no cleanup, no ack, exactly like a killed worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Literal
+
+from .errors import ConfigurationError
+
+CrashPoint = Literal["before_run", "after_run"]
+POINTS: tuple[CrashPoint, ...] = ("before_run", "after_run")
+ENV = "CRASH_AT"
+
+log = logging.getLogger(__name__)
+
+
+def parse(spec: str | None) -> tuple[int, CrashPoint] | None:
+    """``"4:after_run"`` -> ``(4, "after_run")``; empty -> None."""
+    if not spec:
+        return None
+    step, _, point = spec.strip().partition(":")
+    if not step.isdigit() or point not in POINTS:
+        raise ConfigurationError(
+            f"{ENV}={spec!r}: expected <step>:<before_run|after_run>, e.g. 4:after_run"
+        )
+    return int(step), point  # type: ignore[return-value]
+
+
+class Faults:
+    """The crash point of this process, if any; checking it costs one comparison."""
+
+    def __init__(self, armed: tuple[int, CrashPoint] | None = None) -> None:
+        self.armed = armed
+
+    @classmethod
+    def from_env(cls) -> Faults:
+        return cls(parse(os.environ.get(ENV)))
+
+    def maybe_crash(self, step: int, point: CrashPoint) -> None:
+        if self.armed is not None and self.armed == (step, point):
+            log.warning("%s=%d:%s reached: exiting now", ENV, step, point)
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)

@@ -1,0 +1,21 @@
+"""The durable step journal in Postgres: tables, named queries, claims and migrations."""
+
+from .db import Database, database_for
+from .leases import Leases, worker_identity
+from .migrations import migrate, require_current
+from .records import Claim, Refusal, Step, Turn
+from .store import JournalStore
+
+__all__ = [
+    "Claim",
+    "Database",
+    "JournalStore",
+    "Leases",
+    "Refusal",
+    "Step",
+    "Turn",
+    "database_for",
+    "migrate",
+    "require_current",
+    "worker_identity",
+]

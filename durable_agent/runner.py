@@ -1,0 +1,298 @@
+"""The replay-aware step: the one function every model call and tool call goes through.
+
+==================================  =================================================
+journal row at (turn, step)         what happens
+==================================  =================================================
+``done``                            return the stored output; call nothing
+``intent``, model call              run the model again, then record
+``intent``, tool labelled safe      run the tool again, then record
+``intent``, tool labelled never     do not run it; record and return "may or may not
+                                    have happened"
+none                                commit the intent, run, record the outcome
+==================================  =================================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pydantic
+
+from .context import CallContext, bind_call
+from .errors import ReplayDiverged, StepLimitReached
+from .faults import Faults
+from .journal.codec import digest, dumps
+from .journal.records import Step
+from .journal.store import JournalStore
+from .tools import Tool, ToolRegistry
+
+log = logging.getLogger(__name__)
+
+MODEL_STEP_NAME = "llm"
+POSSIBLY_RAN = "may or may not have happened"
+
+
+class Guard(Protocol):
+    """Raises LeaseLost once this worker's claim on the turn is gone."""
+
+    def check(self) -> None: ...
+
+    def still_claimed(self) -> bool: ...
+
+
+@dataclass
+class Divergence:
+    step: int
+    detail: str
+
+
+class StepRunner:
+    """Numbers the calls of one turn and journals each one (see the module table)."""
+
+    def __init__(
+        self,
+        *,
+        store: JournalStore,
+        turn_id: str,
+        epoch: int,
+        journal: list[Step],
+        tools: ToolRegistry,
+        guard: Guard,
+        faults: Faults | None = None,
+        max_steps: int = 64,
+        strict: bool = False,
+    ) -> None:
+        self.store = store
+        self.turn_id = turn_id
+        self.epoch = epoch
+        self.tools = tools
+        self.guard = guard
+        self.faults = faults or Faults()
+        self.max_steps = max_steps
+        self.strict = strict
+        self.recorded = {row.step: row for row in journal}
+        self.next_step = 0
+        self.read_back: list[int] = []
+        self.executed: list[int] = []
+        self.divergences: list[Divergence] = []
+        self._uncertain_keys: dict[tuple[str, str], str] = {}
+
+    # -- model calls -----------------------------------------------------------------------
+
+    def model_step(
+        self, request: dict[str, Any], call: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Run (or read back) one model call; returns the recorded response."""
+        step = self._take_step()
+        intent = {
+            "model": request.get("model"),
+            "messages": len(request["messages"]),
+            "messages_sha256": digest(request["messages"]),
+            "tools_sha256": digest(request.get("tools") or []),
+        }
+        row = self._recorded(step, "model", MODEL_STEP_NAME)
+        if row is not None and row.status == "done":
+            if row.input.get("messages_sha256") != intent["messages_sha256"]:
+                self._diverged(
+                    step,
+                    "the conversation sent to the model differs from the recorded one "
+                    f"({row.input.get('messages')} recorded messages, {intent['messages']} now)",
+                )
+            self.read_back.append(step)
+            return _canonical(row.output)
+        if row is None:
+            self.guard.check()
+            self.store.insert_intent(
+                self.turn_id, self.epoch, step, "model", MODEL_STEP_NAME, intent, "safe"
+            )
+        else:
+            self.guard.check()
+        self.faults.maybe_crash(step, "before_run")
+        output = _canonical(call(request))
+        self.faults.maybe_crash(step, "after_run")
+        self.store.record_outcome(self.turn_id, self.epoch, step, output)
+        self.executed.append(step)
+        return output
+
+    # -- tool calls ------------------------------------------------------------------------
+
+    def tool_step(self, tool_call: dict[str, Any]) -> str:
+        """Run (or read back) one tool call of the model; returns the text the model sees."""
+        step = self._take_step()
+        function = tool_call.get("function") or {}
+        name = str(function.get("name") or "")
+        call_id = str(tool_call.get("id") or "")
+        row = self._recorded(step, "tool", name)
+        if row is not None and row.status == "done":
+            self.read_back.append(step)
+            self._remember_uncertain(name, row.input, row.output)
+            return str(row.output["content"])
+
+        t = self.tools.get(name)
+        arguments, problem = _parse_arguments(t, name, function.get("arguments"))
+        if problem is not None:
+            output = {"content": problem, "error": True}
+            intent = {"arguments": function.get("arguments"), "tool_call_id": call_id}
+            self._record_refusal(step, row, name, intent, t.replay if t else None, output)
+            return problem
+        assert t is not None and arguments is not None
+
+        if row is not None:  # an intent without an outcome: the call was interrupted
+            intent = dict(row.input)
+            if t.replay == "never" or row.replay == "never":
+                output = _uncertain_result(name, intent)
+                self.guard.check()
+                self.store.record_outcome(self.turn_id, self.epoch, step, output)
+                self.executed.append(step)
+                self._remember_uncertain(name, intent, output)
+                return output["content"]
+            self.guard.check()
+        else:
+            key = self._idempotency_key(step, name, arguments)
+            intent = {"arguments": arguments, "tool_call_id": call_id, "idempotency_key": key}
+            self.guard.check()
+            self.store.insert_intent(self.turn_id, self.epoch, step, "tool", name, intent, t.replay)
+            if t.replay == "never":
+                self.guard.check()  # the intent is durable; the claim must still hold to act
+
+        self.faults.maybe_crash(step, "before_run")
+        output = self._invoke(t, step, intent)
+        self.faults.maybe_crash(step, "after_run")
+        self.store.record_outcome(self.turn_id, self.epoch, step, output)
+        self.executed.append(step)
+        self._remember_uncertain(name, intent, output)
+        return str(output["content"])
+
+    def _invoke(self, t: Tool, step: int, intent: dict[str, Any]) -> dict[str, Any]:
+        key = intent.get("idempotency_key")
+        context = CallContext(self.turn_id, step, t.name, key, self.guard.still_claimed)
+        try:
+            with bind_call(context):
+                value = t.invoke(intent["arguments"], key)
+        except Exception as error:  # a tool's failure is a result the model reads
+            log.warning("tool %s raised at step %d of %s: %r", t.name, step, self.turn_id, error)
+            text = f"Error: {t.name} raised {type(error).__name__}: {error}"
+            if t.replay == "never":
+                text += (
+                    f". The call {POSSIBLY_RAN}: check the current state before you try it again"
+                    f" (idempotency key {key})."
+                )
+                return {"content": text, "error": True, "uncertain": True}
+            return {"content": text, "error": True}
+        return {"content": _as_text(value)}
+
+    def _record_refusal(
+        self,
+        step: int,
+        row: Step | None,
+        name: str,
+        intent: dict[str, Any],
+        replay: str | None,
+        output: dict[str, Any],
+    ) -> None:
+        self.guard.check()
+        if row is None:
+            self.store.insert_done(
+                self.turn_id, self.epoch, step, "tool", name, intent, replay, output
+            )
+        else:
+            self.store.record_outcome(self.turn_id, self.epoch, step, output)
+        self.executed.append(step)
+
+    def _idempotency_key(self, step: int, name: str, arguments: dict[str, Any]) -> str:
+        """Stable per (turn, step); a retry of an uncertain call reuses that call's key."""
+        reused = self._uncertain_keys.get((name, digest(arguments)))
+        if reused is not None:
+            return reused
+        return "da-" + digest([self.turn_id, step])[:40]
+
+    def _remember_uncertain(self, name: str, intent: dict[str, Any], output: Any) -> None:
+        if isinstance(output, dict) and output.get("uncertain") and intent.get("idempotency_key"):
+            self._uncertain_keys[(name, digest(intent.get("arguments")))] = intent[
+                "idempotency_key"
+            ]
+
+    # -- bookkeeping -----------------------------------------------------------------------
+
+    def _take_step(self) -> int:
+        step = self.next_step
+        if step >= self.max_steps:
+            raise StepLimitReached(
+                f"turn {self.turn_id} reached its limit of {self.max_steps} steps "
+                "(DURABLE_AGENT_MAX_STEPS) without a final reply"
+            )
+        self.next_step += 1
+        return step
+
+    def _recorded(self, step: int, kind: str, name: str) -> Step | None:
+        row = self.recorded.get(step)
+        if row is not None and (row.kind != kind or row.name != name):
+            raise ReplayDiverged(
+                self.turn_id,
+                step,
+                recorded=f"{row.kind} {row.name}",
+                current=f"{kind} {name}",
+                detail="the code or the tools changed since this turn started; "
+                "finish it with the version that started it",
+            )
+        return row
+
+    def _diverged(self, step: int, detail: str) -> None:
+        if self.strict:
+            raise ReplayDiverged(self.turn_id, step, "recorded request", "rebuilt request", detail)
+        log.warning("turn %s step %d: %s; using the recorded reply", self.turn_id, step, detail)
+        self.divergences.append(Divergence(step, detail))
+
+
+def _parse_arguments(
+    t: Tool | None, name: str, raw: Any
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The validated arguments, or the error text the model sees instead."""
+    if t is None:
+        return (
+            None,
+            f"Error: there is no tool named {name!r}. Call one of the tools you were given.",
+        )
+    try:
+        parsed = json.loads(raw) if isinstance(raw, str) and raw.strip() else (raw or {})
+    except json.JSONDecodeError as error:
+        return None, f"Error: the arguments for {name} are not valid JSON ({error.msg}). Try again."
+    if not isinstance(parsed, dict):
+        return None, f"Error: the arguments for {name} must be a JSON object. Try again."
+    try:
+        t.validate(parsed)
+    except pydantic.ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
+            for e in error.errors()
+        )
+        return None, f"Error: invalid arguments for {name}: {problems}. Try again."
+    return parsed, None
+
+
+def _uncertain_result(name: str, intent: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "content": (
+            f"The call {name}({dumps(intent.get('arguments'))}) was interrupted before its outcome "
+            f"was recorded: it {POSSIBLY_RAN}. Check the current state before you try it again "
+            f"(idempotency key {intent.get('idempotency_key')})."
+        ),
+        "uncertain": True,
+    }
+
+
+def _canonical(value: Any) -> Any:
+    """The value with sorted keys, as a first run and a replay must both see it."""
+    return json.loads(dumps(value))
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, pydantic.BaseModel):
+        return value.model_dump_json()
+    return json.dumps(value, ensure_ascii=False, default=str)

@@ -1,0 +1,152 @@
+"""What a worker does with one delivery of a turn: claim, run, finish, or step aside.
+
+Every delivery first claims the turn in Postgres. A delivery that finds the turn finished
+does nothing; one that finds a live claim of another worker (or an earlier turn of the
+session still open) does not run now and says when to look again, so a turn whose worker
+died is never left without a message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .agent import initial_messages, run_agent
+from .errors import LeaseLost, ModelUnavailable, ServiceUnavailable, TurnFailed
+from .faults import Faults
+from .heartbeat import Heartbeat
+from .journal import Database, JournalStore, Leases, Refusal, database_for, worker_identity
+from .journal.records import Claim
+from .model import ModelClient
+from .runner import StepRunner
+from .settings import Settings
+from .tools import ToolRegistry, load_tools
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Delivery:
+    """What became of one delivery, and what the caller should enqueue."""
+
+    turn_id: str
+    outcome: str  # done | failed | refused | deferred | lost
+    detail: str = ""
+    retry_in: float | None = None
+    follow_up: tuple[str, str] | None = None  # (session_id, turn_id) to enqueue now
+    read_back: list[int] = field(default_factory=list)
+    executed: list[int] = field(default_factory=list)
+
+
+class TurnWorker:
+    """Runs turns for one worker process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        db: Database | None = None,
+        tools: ToolRegistry | None = None,
+        model: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        faults: Faults | None = None,
+    ) -> None:
+        self.settings = settings
+        self.db = db or database_for(settings.database_url)
+        self.store = JournalStore(self.db, blob_threshold=settings.blob_threshold_bytes)
+        self.leases = Leases(self.db, self.store)
+        self.tools = tools if tools is not None else load_tools(settings.tool_modules)
+        self.model = model or ModelClient(settings)
+        self.faults = faults if faults is not None else Faults.from_env()
+
+    def handle(self, turn_id: str) -> Delivery:
+        claim = self.leases.claim(turn_id, worker_identity(), self.settings.lease_seconds)
+        if isinstance(claim, Refusal):
+            log.info("delivery of %s not run: %s", turn_id, claim.detail)
+            return Delivery(turn_id, "refused", claim.detail, retry_in=claim.retry_in)
+        if claim.turn.crashes >= self.settings.max_crashes:
+            return self._give_up(claim)
+        return self._run(claim)
+
+    def _run(self, claim: Claim) -> Delivery:
+        turn = claim.turn
+        settings = self.settings
+        delivery = Delivery(turn.turn_id, "done")
+        runner: StepRunner | None = None
+        with Heartbeat(self.leases, turn.turn_id, claim.epoch, settings.lease_seconds) as beat:
+            try:
+                runner = StepRunner(
+                    store=self.store,
+                    turn_id=turn.turn_id,
+                    epoch=claim.epoch,
+                    journal=self.store.load_journal(turn.turn_id),
+                    tools=self.tools,
+                    guard=beat,
+                    faults=self.faults,
+                    max_steps=settings.max_steps,
+                )
+                messages = initial_messages(
+                    settings.system_prompt,
+                    self.store.session_history(turn.session_id, turn.seq),
+                    turn.message,
+                )
+                reply = run_agent(
+                    runner,
+                    model=settings.model,
+                    tools=self.tools,
+                    messages=messages,
+                    call_model=self.model,
+                )
+                beat.check()
+                if self.leases.finish(turn.turn_id, claim.epoch, reply) is None:
+                    raise LeaseLost(f"turn {turn.turn_id}: reply not recorded, epoch moved on")
+                delivery.detail = reply
+            except LeaseLost as error:
+                log.warning("stopping turn %s: %s", turn.turn_id, error)
+                delivery.outcome, delivery.detail = "lost", str(error)
+                return delivery
+            except ModelUnavailable as error:
+                delay = min(settings.retry_backoff_max_seconds, 2.0 ** min(turn.attempts, 10))
+                log.warning("turn %s: %s; retrying in %.0fs", turn.turn_id, error, delay)
+                self.leases.release(turn.turn_id, claim.epoch, delay, f"{error} (will retry)")
+                delivery.outcome, delivery.detail, delivery.retry_in = "deferred", str(error), delay
+                return delivery
+            except ServiceUnavailable as error:
+                log.warning("turn %s interrupted: %s", turn.turn_id, error)
+                delivery.outcome, delivery.detail = "deferred", str(error)
+                delivery.retry_in = settings.lease_seconds
+                return delivery
+            except Exception as error:  # TurnFailed, or a bug: end the turn with the reason
+                if not isinstance(error, TurnFailed):
+                    log.exception("turn %s: unexpected error", turn.turn_id)
+                reason = (
+                    str(error)
+                    if isinstance(error, TurnFailed)
+                    else (f"unexpected error: {type(error).__name__}: {error}")
+                )
+                log.error("turn %s failed: %s", turn.turn_id, reason)
+                self.leases.fail(turn.turn_id, claim.epoch, reason)
+                delivery.outcome, delivery.detail = "failed", reason
+            finally:
+                if runner is not None:
+                    delivery.read_back, delivery.executed = runner.read_back, runner.executed
+        delivery.follow_up = self.store.next_turn_in_session(turn.session_id, turn.seq)
+        return delivery
+
+    def _give_up(self, claim: Claim) -> Delivery:
+        turn = claim.turn
+        steps = self.store.load_journal(turn.turn_id)
+        where = f"step {steps[-1].step} ({steps[-1].kind} {steps[-1].name})" if steps else "start"
+        reason = (
+            f"gave up: the worker running this turn died {turn.crashes} times "
+            f"(DURABLE_AGENT_MAX_CRASHES={self.settings.max_crashes}); last reached {where}"
+        )
+        log.error("turn %s: %s", turn.turn_id, reason)
+        self.leases.fail(turn.turn_id, claim.epoch, reason)
+        return Delivery(
+            turn.turn_id,
+            "failed",
+            reason,
+            follow_up=self.store.next_turn_in_session(turn.session_id, turn.seq),
+        )
