@@ -14,16 +14,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pydantic
-from rich.console import Console
 from rich.table import Table
 
+from .console import err, out
 from .errors import DurableAgentError, TurnNotFound
 from .journal import Database, JournalStore, Step, Turn, database_for, migrate, require_current
 from .journal.migrations import current_version, latest_version
 from .settings import Settings
-
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class UsageError(DurableAgentError):
@@ -50,7 +47,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     from .tools import load_tools
 
     _db(settings)
-    tools = load_tools(settings.tool_modules)
+    tools = load_tools(settings.tool_modules, settings.label_overrides)
     if not settings.tool_modules:
         err.print("warning: DURABLE_AGENT_TOOLS is empty; the model gets no tools")
     from .tasks import app
@@ -228,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     turns.add_argument("--limit", type=int, default=50)
     turns.add_argument("--json", action="store_true")
 
+    from .evals.commands import register
+
+    register(commands, add)
     return parser
 
 

@@ -1,8 +1,10 @@
-"""Named crash points, inert until armed by ``CRASH_AT=<step>:<before_run|after_run>``.
+"""Named crash points, inert until armed by ``CRASH_AT=<step|tool>:<before_run|after_run>``.
 
 ``before_run`` fires after the step's intent is committed and before the call runs;
-``after_run`` fires after the call returned and before its outcome is recorded. The
-process ends with ``os._exit(1)``: no cleanup, no ack, exactly like a killed worker.
+``after_run`` fires after the call returned and before its outcome is recorded. The target
+is a step number (``4:after_run``) or a tool name (``refund_order:after_run``: the first
+call of that tool this process makes). The process ends with ``os._exit(1)``: no cleanup,
+no ack, exactly like a killed worker.
 """
 
 from __future__ import annotations
@@ -21,31 +23,31 @@ ENV = "CRASH_AT"
 log = logging.getLogger(__name__)
 
 
-def parse(spec: str | None) -> tuple[int, CrashPoint] | None:
-    """``"4:after_run"`` -> ``(4, "after_run")``; empty -> None."""
+def parse(spec: str | None) -> tuple[int | str, CrashPoint] | None:
+    """``"4:after_run"`` -> ``(4, "after_run")``; ``"send_email:before_run"`` keeps the name."""
     if not spec:
         return None
-    step, _, point = spec.strip().partition(":")
-    if not step.isdigit() or point not in POINTS:
+    target, _, point = spec.strip().rpartition(":")
+    if not target or point not in POINTS:
         raise ConfigurationError(
-            f"{ENV}={spec!r}: expected <step>:<before_run|after_run>, e.g. 4:after_run"
+            f"{ENV}={spec!r}: expected <step|tool>:<before_run|after_run>, e.g. 4:after_run"
         )
-    return int(step), point  # type: ignore[return-value]
+    return (int(target) if target.isdigit() else target), point  # type: ignore[return-value]
 
 
 class Faults:
     """The crash point of this process, if any; checking it costs one comparison."""
 
-    def __init__(self, armed: tuple[int, CrashPoint] | None = None) -> None:
+    def __init__(self, armed: tuple[int | str, CrashPoint] | None = None) -> None:
         self.armed = armed
 
     @classmethod
     def from_env(cls) -> Faults:
         return cls(parse(os.environ.get(ENV)))
 
-    def maybe_crash(self, step: int, point: CrashPoint) -> None:
-        if self.armed is not None and self.armed == (step, point):
-            log.warning("%s=%d:%s reached: exiting now", ENV, step, point)
+    def maybe_crash(self, step: int, point: CrashPoint, name: str = "") -> None:
+        if self.armed is not None and self.armed[1] == point and self.armed[0] in (step, name):
+            log.warning("%s=%s:%s reached at step %d: exiting now", ENV, *self.armed, step)
             for handler in logging.getLogger().handlers:
                 handler.flush()
             sys.stdout.flush()

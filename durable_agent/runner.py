@@ -159,9 +159,9 @@ class StepRunner:
             if t.replay == "never":
                 self.guard.check()  # the intent is durable; the claim must still hold to act
 
-        self.faults.maybe_crash(step, "before_run")
+        self.faults.maybe_crash(step, "before_run", name)
         output = self._invoke(t, step, intent)
-        self.faults.maybe_crash(step, "after_run")
+        self.faults.maybe_crash(step, "after_run", name)
         self.store.record_outcome(self.turn_id, self.epoch, step, output)
         self.executed.append(step)
         self._remember_uncertain(name, intent, output)

@@ -21,6 +21,10 @@ class Settings(BaseSettings):
     broker_url: str = "redis://127.0.0.1:6379/0"
     queue: str = "durable-agent"
     tools: str = Field(default="", description="comma-separated modules that define the tools")
+    tool_labels: str = Field(
+        default="",
+        description="override labels, e.g. 'send_email=safe': only to show what a wrong label does",
+    )
 
     model: str = "gpt-4o-mini"
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -58,3 +62,8 @@ class Settings(BaseSettings):
     @property
     def tool_modules(self) -> list[str]:
         return [name.strip() for name in self.tools.split(",") if name.strip()]
+
+    @property
+    def label_overrides(self) -> dict[str, str]:
+        pairs = (item.partition("=") for item in self.tool_labels.split(",") if item.strip())
+        return {name.strip(): label.strip() for name, _, label in pairs}

@@ -273,14 +273,19 @@ class ToolRegistry:
         )
 
 
-def load_tools(module_names: Iterable[str]) -> ToolRegistry:
-    """Import the named modules and collect the tools they define."""
+def load_tools(module_names: Iterable[str], labels: dict[str, str] | None = None) -> ToolRegistry:
+    """Import the named modules and collect the tools they define (labels overridden)."""
     registry = ToolRegistry()
     for module_name in module_names:
         module = _import(module_name)
         for value in vars(module).values():
             if isinstance(value, Tool):
                 registry.add(value)
+    if labels:
+        bad = {name: label for name, label in labels.items() if label not in LABELS}
+        if bad:
+            raise ConfigurationError(f"tool labels must be 'safe' or 'never', got {bad}")
+        registry = registry.relabelled(labels)  # type: ignore[arg-type]
     return registry
 
 

@@ -56,7 +56,11 @@ class TurnWorker:
         self.db = db or database_for(settings.database_url)
         self.store = JournalStore(self.db, blob_threshold=settings.blob_threshold_bytes)
         self.leases = Leases(self.db, self.store)
-        self.tools = tools if tools is not None else load_tools(settings.tool_modules)
+        if tools is None:
+            tools = load_tools(settings.tool_modules, settings.label_overrides)
+            for name, label in settings.label_overrides.items():
+                log.warning("tool %s relabelled %r by DURABLE_AGENT_TOOL_LABELS", name, label)
+        self.tools = tools
         self.model = model or ModelClient(settings)
         self.faults = faults if faults is not None else Faults.from_env()
 

@@ -33,8 +33,9 @@ class InboxMessage:
     """One received message.
 
     `sender` and `recipients` come from the SMTP envelope (MAIL FROM / RCPT TO, so Bcc
-    recipients are included); `subject`, `message_id` and `headers` from the message
-    itself; `body` is the text body with ``\n`` line endings and no trailing newline.
+    recipients are included); `subject` is decoded, `message_id` and `headers` (first value
+    of each header name) are raw but unfolded; `body` is the text body with ``\n`` line
+    endings and no trailing newline.
     """
 
     id: str
@@ -64,20 +65,25 @@ class InboxMessage:
         }
 
 
+def _unfold(value: str) -> str:
+    """Undo RFC 5322 header folding."""
+    return " ".join(line.strip() for line in value.splitlines() if line.strip())
+
+
 def _parse(message_id: str, sender: str, recipients: list[str], raw: bytes) -> InboxMessage:
     parsed = cast(EmailMessage, email.message_from_bytes(raw, policy=email.policy.default))
     part = parsed.get_body(preferencelist=("plain", "html"))
     body = part.get_content() if part is not None else ""
     headers: dict[str, str] = {}
-    for name, value in parsed.items():
-        headers.setdefault(name, str(value))
+    for name, value in parsed.raw_items():  # raw: the header parser may mangle odd values
+        headers.setdefault(name, _unfold(str(value)))
     return InboxMessage(
         id=message_id,
         sender=sender,
         recipients=tuple(recipients),
         subject=str(parsed.get("Subject", "")),
         body=str(body).replace("\r\n", "\n").rstrip("\n"),
-        message_id=str(parsed["Message-ID"]) if parsed["Message-ID"] is not None else None,
+        message_id=next((v for k, v in headers.items() if k.lower() == "message-id"), None),
         headers=headers,
         raw=raw,
     )

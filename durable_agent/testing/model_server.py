@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
 import socketserver
 import sys
 import threading
@@ -320,13 +319,6 @@ class LoopbackHttpService:
     def internal_error(self, exc: Exception) -> HttpResponse:
         """The response sent when `handle()` raises; subclasses may reshape it."""
         return HttpResponse(500, {"error": f"{type(exc).__name__}: {exc}"})
-
-
-def free_port(host: str = _LOOPBACK) -> int:
-    """Return a port that was free a moment ago (for servers that cannot bind port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 # --------------------------------------------------------------------------------------

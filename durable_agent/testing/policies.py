@@ -145,6 +145,8 @@ def email_policy(body: JsonDict) -> JsonDict:
 
     After a send_email result saying it may or may not have happened, the agent calls
     list_sent_emails and only sends again if the outbox has no email with the subject.
+    The final reply is the same on every path, so a recovered turn can be compared with a
+    clean one.
     """
     user_text, results = _current_turn(body)
     name, to = _note_name(user_text), _address(user_text)
@@ -160,7 +162,7 @@ def email_policy(body: JsonDict) -> JsonDict:
         return call_tool("send_email", {"to": to, "subject": subject, "body": last.content})
     if last.name == "list_sent_emails":
         if subject in last.content:
-            return reply(f"Done: the note '{name}' was sent to {to} (confirmed in the outbox).")
+            return reply(f"Done: the note '{name}' was sent to {to}.")
         previous = _last(results, "send_email")
         if previous is not None and previous.args:
             return call_tool("send_email", previous.args)

@@ -1,0 +1,1 @@
+"""The evals of the pattern, as commands: crash matrix, replay, heed-note, two workers."""

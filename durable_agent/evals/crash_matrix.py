@@ -1,0 +1,191 @@
+"""The crash matrix: crash a real worker at every step of a turn, twice, and count.
+
+A clean turn that uses both kinds of tool runs first. Then, for every step of it and both
+crash points (``before_run``: intent committed, call not run; ``after_run``: call returned,
+outcome not recorded), a worker started with ``CRASH_AT`` dies at exactly that point and a
+fresh worker finishes the turn through the system's own recovery path: the sweeper finds
+the expired claim in Postgres and re-enqueues the turn, the new worker claims it and replays
+the journal. Per crash point it records the three numbers of the pattern's exercise (model
+calls repeated for finished steps, emails received, same reply as the clean run) and the
+time from the crash to the finished turn.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..client import start_turn, wait_for_turn
+from ..faults import POINTS
+from ..journal import Database, JournalStore, Step
+from .stack import EvalStack
+
+MESSAGE = "Email the note 'launch' to ada@example.com"
+
+
+@dataclass
+class PointResult:
+    step: int
+    point: str
+    call: str
+    turn_id: str
+    crashed: bool
+    model_requests: int
+    repeated_finished: int
+    repeated_interrupted: int
+    emails: int
+    same_reply: bool
+    recovery_seconds: float | None
+    status: str
+    reply: str | None
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.crashed
+            and self.status == "done"
+            and self.repeated_finished == 0
+            and self.emails == 1
+            and self.same_reply
+        )
+
+
+@dataclass
+class MatrixReport:
+    message: str
+    clean_reply: str
+    clean_steps: list[str]
+    clean_model_requests: int
+    relabel: dict[str, str]
+    lease_seconds: float
+    sweep_interval_seconds: float
+    points: list[PointResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.points) and all(p.ok for p in self.points)
+
+    @property
+    def failures(self) -> list[PointResult]:
+        return [p for p in self.points if not p.ok]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for point, result in zip(data["points"], self.points, strict=True):
+            point["ok"] = result.ok
+        data["passed"] = self.passed
+        data["targets"] = {
+            "repeated_finished": 0,
+            "emails": 1,
+            "same_reply": True,
+            "note": "an interrupted model call (after_run at a model step) may run once more",
+        }
+        return data
+
+
+def describe(step: Step) -> str:
+    return f"{step.kind} {step.name}" + (f" ({step.replay})" if step.kind == "tool" else "")
+
+
+def run_crash_matrix(
+    stack: EvalStack,
+    *,
+    message: str = MESSAGE,
+    relabel: dict[str, str] | None = None,
+    progress: Callable[[str, int, int], None] = lambda text, done, total: None,
+    timeout: float = 60.0,
+) -> MatrixReport:
+    """Run the clean turn, then every (step, point); the stack must use the email policy."""
+    settings = stack.settings
+    model, inbox = stack.model, stack.inbox
+    assert model is not None, "the crash matrix needs the scripted model (it counts requests)"
+    db = Database(settings.database_url)
+    store = JournalStore(db)
+    run_id = uuid.uuid4().hex[:8]
+    try:
+        progress("clean run", 0, 1)
+        worker = stack.start_worker(f"clean-{run_id}")
+        model.reset_counts()
+        inbox.clear()
+        clean_id = start_turn(f"crash-matrix-{run_id}-clean", message, settings=settings)
+        clean = wait_for_turn(clean_id, timeout, settings=settings)
+        worker.stop()
+        if clean.status != "done":
+            raise RuntimeError(f"the clean turn failed: {clean.error}")
+        steps = store.load_journal(clean_id)
+        report = MatrixReport(
+            message=message,
+            clean_reply=clean.reply or "",
+            clean_steps=[describe(s) for s in steps],
+            clean_model_requests=model.request_count,
+            relabel=relabel or {},
+            lease_seconds=settings.lease_seconds,
+            sweep_interval_seconds=settings.sweep_interval_seconds,
+            notes=list(stack.notes),
+        )
+        total = len(steps) * len(POINTS)
+        for index, (step, point) in enumerate((s, p) for s in steps for p in POINTS):
+            progress(f"step {step.step} {point}", index, total)
+            report.points.append(
+                _crash_once(stack, store, step, point, message, clean.reply or "", run_id, timeout)
+            )
+        progress("done", total, total)
+        return report
+    finally:
+        db.close()
+
+
+def _crash_once(
+    stack: EvalStack,
+    store: JournalStore,
+    step: Step,
+    point: str,
+    message: str,
+    clean_reply: str,
+    run_id: str,
+    timeout: float,
+) -> PointResult:
+    settings, model, inbox = stack.settings, stack.model, stack.inbox
+    assert model is not None
+    model.reset_counts()
+    inbox.clear()
+    name = f"{step.step}-{point}-{run_id}"
+    doomed = stack.start_worker(f"crash-{name}", CRASH_AT=f"{step.step}:{point}")
+    turn_id = start_turn(f"crash-matrix-{name}", message, settings=settings)
+    try:
+        code = doomed.wait_exit(timeout)
+    except TimeoutError:
+        code = None
+    crashed_at = time.monotonic()
+    crashed = code == 1 and "CRASH_AT" in doomed.log_text()
+    doomed.stop()
+    rescuer = stack.start_worker(f"rescue-{name}", wait=False)
+    try:
+        turn = wait_for_turn(turn_id, timeout, settings=settings)
+        recovery: float | None = time.monotonic() - crashed_at
+    except TimeoutError:
+        turn, recovery = store.get_turn(turn_id), None
+    finally:
+        rescuer.stop()
+    interrupted_model_call = step.kind == "model" and point == "after_run"
+    repeated = model.repeated_requests()
+    allowed = 1 if interrupted_model_call else 0
+    return PointResult(
+        step=step.step,
+        point=point,
+        call=describe(step),
+        turn_id=turn_id,
+        crashed=crashed,
+        model_requests=model.request_count,
+        repeated_finished=max(0, repeated - allowed),
+        repeated_interrupted=min(repeated, allowed),
+        emails=inbox.count,
+        same_reply=turn.reply == clean_reply,
+        recovery_seconds=round(recovery, 2) if recovery is not None else None,
+        status=turn.status,
+        reply=turn.reply,
+    )

@@ -1,0 +1,171 @@
+"""Everything an eval or the demo runs against, started and stopped as one.
+
+Postgres and Redis come from the settings when they are reachable; when they are not and
+the user did not name them explicitly, embedded servers start under a data directory the
+user can see and delete. The scripted model (unless a real endpoint is configured), the
+SMTP test inbox and the payments sandbox run in this process; workers are real processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Self
+
+import redis
+from kombu.utils.url import maybe_sanitize_url
+from sqlalchemy import text
+
+from ..errors import ConfigurationError, DurableAgentError, ServiceUnavailable
+from ..journal import Database, migrate
+from ..journal.db import describe_url
+from ..settings import Settings
+from ..testing import POLICIES, PaymentsSandbox, ScriptedModelServer, SmtpInbox
+from ..testing.harness import WorkerProcess, settings_env
+
+log = logging.getLogger(__name__)
+
+
+def postgres_reachable(url: str) -> bool:
+    db = Database(url)
+    try:
+        db.execute(text("SELECT 1"))
+        return True
+    except DurableAgentError:
+        return False
+    finally:
+        db.close()
+
+
+def redis_reachable(url: str) -> bool:
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+class EvalStack:
+    """Database, broker, model, inbox and payments for one eval run, plus its workers."""
+
+    def __init__(
+        self,
+        base: Settings,
+        *,
+        work_dir: Path,
+        policy: str = "email",
+        tools: str = "workers.email_tools",
+        lease_seconds: float = 2.0,
+        sweep_interval_seconds: float = 0.5,
+        real_model: bool = False,
+        data_dir: Path | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.base = base
+        self.work_dir = work_dir
+        self.policy = policy
+        self.tools = tools
+        self.lease_seconds = lease_seconds
+        self.sweep_interval_seconds = sweep_interval_seconds
+        self.real_model = real_model
+        self.data_dir = data_dir or Path.cwd() / ".durable-agent"
+        self.extra = extra or {}
+        self.embedded: Any = None
+        self.model: ScriptedModelServer | None = None
+        self.inbox = SmtpInbox()
+        self.payments = PaymentsSandbox()
+        self.workers: list[WorkerProcess] = []
+        self.settings = base
+        self.notes: list[str] = []
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> Self:
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        database_url, broker_url = self._services()
+        db = Database(database_url)
+        try:
+            migrate(db)
+        finally:
+            db.close()
+        self._stack.enter_context(self.inbox)
+        self._stack.enter_context(self.payments)
+        update: dict[str, Any] = {
+            "database_url": database_url,
+            "broker_url": broker_url,
+            "queue": f"eval-{uuid.uuid4().hex[:10]}",
+            "tools": self.tools,
+            "lease_seconds": self.lease_seconds,
+            "sweep_interval_seconds": self.sweep_interval_seconds,
+            **self.extra,
+        }
+        if not self.real_model:
+            self.model = ScriptedModelServer(POLICIES[self.policy])
+            self._stack.enter_context(self.model)
+            update["openai_base_url"] = self.model.base_url
+            update["openai_api_key"] = "scripted"
+            update["model"] = "scripted-model"
+        self.settings = self.base.model_copy(update=update)
+
+    def _services(self) -> tuple[str, str]:
+        """Reachable Postgres and Redis URLs: configured ones, or embedded servers."""
+        database_url, broker_url = self.base.database_url, self.base.broker_url
+        need_pg = not postgres_reachable(database_url)
+        need_redis = not redis_reachable(broker_url)
+        if need_pg and "DURABLE_AGENT_DATABASE_URL" in os.environ:
+            raise ServiceUnavailable(f"cannot reach Postgres at {describe_url(database_url)}")
+        if need_redis and "DURABLE_AGENT_BROKER_URL" in os.environ:
+            raise ServiceUnavailable(f"cannot reach Redis at {maybe_sanitize_url(broker_url)}")
+        if need_pg or need_redis:
+            from ..embedded import EmbeddedServiceError, EmbeddedServices
+
+            self.embedded = EmbeddedServices(self.data_dir, postgres=need_pg, redis=need_redis)
+            try:
+                self.embedded.start()
+            except EmbeddedServiceError as error:
+                raise ConfigurationError(str(error)) from error
+            self._stack.callback(self.embedded.stop)
+            if need_pg:
+                database_url = self.embedded.database_url
+                self.notes.append(f"embedded Postgres in {self.data_dir}")
+            if need_redis:
+                broker_url = self.embedded.broker_url
+                self.notes.append(f"embedded Redis in {self.data_dir}")
+        return database_url, broker_url
+
+    def worker_env(self, **extra: str) -> dict[str, str]:
+        env = settings_env(self.settings)
+        env.update(
+            SMTP_URL=self.inbox.smtp_url,
+            INBOX_URL=self.inbox.api_url,
+            PAYMENTS_URL=self.payments.url,
+        )
+        env.update(extra)
+        return env
+
+    def start_worker(self, name: str, *, wait: bool = True, **env: str) -> WorkerProcess:
+        worker = WorkerProcess(self.worker_env(**env), self.work_dir / f"{name}.log", name=name)
+        self.workers.append(worker)
+        worker.start()
+        if wait:
+            worker.wait_ready(timeout=60)
+        return worker
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.stop(timeout=5)
+        self._stack.close()

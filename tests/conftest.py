@@ -1,0 +1,161 @@
+"""Shared fixtures: one fresh database per test (cloned from a migrated template), a unique
+queue per test on the local Redis, and real worker processes cleaned up by PID.
+
+Postgres and Redis are found from ``DURABLE_AGENT_TEST_POSTGRES`` (default
+``postgresql://root@127.0.0.1:5432/postgres``) and ``DURABLE_AGENT_TEST_REDIS`` (default
+``redis://127.0.0.1:6379/0``). Unit tests need neither.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from durable_agent.journal import Database, JournalStore, Leases, migrate
+from durable_agent.settings import Settings
+from durable_agent.testing.harness import WorkerProcess, settings_env
+
+ADMIN_URL = os.environ.get(
+    "DURABLE_AGENT_TEST_POSTGRES", "postgresql://root@127.0.0.1:5432/postgres"
+)
+REDIS_URL = os.environ.get("DURABLE_AGENT_TEST_REDIS", "redis://127.0.0.1:6379/0")
+
+
+def _sqlalchemy_url(dbname: str) -> str:
+    info = psycopg.conninfo.conninfo_to_dict(ADMIN_URL)
+    user = info.get("user", "root")
+    host = info.get("host", "127.0.0.1")
+    port = info.get("port", 5432)
+    return f"postgresql+psycopg://{user}@{host}:{port}/{dbname}"
+
+
+def _admin() -> psycopg.Connection:
+    return psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=3)
+
+
+@pytest.fixture(scope="session")
+def services_available() -> None:
+    """Stop the run with one clear line when Postgres or Redis is not there."""
+    try:
+        with _admin() as conn:
+            conn.execute("SELECT 1")
+    except psycopg.OperationalError as error:
+        pytest.exit(
+            f"Postgres is not reachable at {ADMIN_URL} ({str(error).strip().splitlines()[0]}). "
+            "Start it, or point DURABLE_AGENT_TEST_POSTGRES at one.",
+            returncode=3,
+        )
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3).ping()
+    except redis.RedisError as error:
+        pytest.exit(
+            f"Redis is not reachable at {REDIS_URL} ({error}). "
+            "Start it, or point DURABLE_AGENT_TEST_REDIS at one.",
+            returncode=3,
+        )
+
+
+@pytest.fixture(scope="session")
+def template_db(services_available: None) -> Iterator[str]:
+    name = f"da_template_{os.getpid()}"
+    with _admin() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    db = Database(_sqlalchemy_url(name))
+    migrate(db)
+    db.close()
+    yield name
+    with _admin() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def database_url(template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for this test only."""
+    name = f"da_test_{uuid.uuid4().hex[:12]}"
+    with _admin() as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    yield _sqlalchemy_url(name)
+    with _admin() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def empty_database_url(services_available: None) -> Iterator[str]:
+    """A fresh database with no tables (for migration tests)."""
+    name = f"da_empty_{uuid.uuid4().hex[:12]}"
+    with _admin() as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield _sqlalchemy_url(name)
+    with _admin() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    """Settings for this test: its own database and its own queue; short leases."""
+    return Settings(
+        database_url=database_url,
+        broker_url=REDIS_URL,
+        queue=f"test-{uuid.uuid4().hex[:10]}",
+        lease_seconds=3.0,
+        sweep_interval_seconds=0.5,
+        requeue_after_seconds=30.0,
+        openai_base_url="http://127.0.0.1:9/v1",
+        openai_api_key="test",
+        model_max_retries=1,
+        model_timeout_seconds=10.0,
+    )
+
+
+@pytest.fixture
+def db(settings: Settings) -> Iterator[Database]:
+    database = Database(settings.database_url)
+    yield database
+    database.close()
+
+
+@pytest.fixture
+def store(db: Database) -> JournalStore:
+    return JournalStore(db, blob_threshold=1024)
+
+
+@pytest.fixture
+def leases(db: Database, store: JournalStore) -> Leases:
+    return Leases(db, store)
+
+
+@pytest.fixture
+def redis_client(services_available: None) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(REDIS_URL)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def start_worker(tmp_path: Path) -> Iterator:
+    """Start real ``durable-agent worker`` processes; every one is stopped by PID at the end."""
+    started: list[WorkerProcess] = []
+
+    def start(
+        settings: Settings, *, name: str | None = None, ready: bool = True, **env: str
+    ) -> WorkerProcess:
+        name = name or f"worker{len(started) + 1}"
+        worker = WorkerProcess(
+            {**settings_env(settings), **env}, tmp_path / f"{name}.log", name=name
+        )
+        started.append(worker)
+        worker.start()
+        if ready:
+            worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop(timeout=5)
