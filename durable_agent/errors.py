@@ -53,18 +53,18 @@ class TurnFailed(DurableAgentError):
 
 
 class ReplayDiverged(TurnFailed):
-    """The journal records a different call at this step than the one being made."""
+    """This run makes a different call at a step than the one the journal records."""
 
     def __init__(
-        self, turn_id: str, step: int, recorded: str, current: str, detail: str = ""
+        self,
+        turn_id: str,
+        step: int,
+        detail: str,
+        *,
+        recorded: str | None = None,
+        current: str | None = None,
     ) -> None:
-        message = (
-            f"replay diverged in turn {turn_id} at step {step}: the journal records "
-            f"{recorded!r} but this run calls {current!r}"
-        )
-        if detail:
-            message += f" ({detail})"
-        super().__init__(message)
+        super().__init__(f"replay diverged in turn {turn_id} at step {step}: {detail}")
         self.turn_id, self.step, self.recorded, self.current = turn_id, step, recorded, current
 
 

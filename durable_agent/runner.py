@@ -100,7 +100,8 @@ class StepRunner:
                 self._diverged(
                     step,
                     "the conversation sent to the model differs from the recorded one "
-                    f"({row.input.get('messages')} recorded messages, {intent['messages']} now)",
+                    f"({row.input.get('messages')} messages recorded, {intent['messages']} now; "
+                    "did the system prompt or an earlier turn change?)",
                 )
             self.read_back.append(step)
             return _canonical(row.output)
@@ -231,19 +232,21 @@ class StepRunner:
     def _recorded(self, step: int, kind: str, name: str) -> Step | None:
         row = self.recorded.get(step)
         if row is not None and (row.kind != kind or row.name != name):
+            recorded, current = f"{row.kind} {row.name}", f"{kind} {name}"
             raise ReplayDiverged(
                 self.turn_id,
                 step,
-                recorded=f"{row.kind} {row.name}",
-                current=f"{kind} {name}",
-                detail="the code or the tools changed since this turn started; "
-                "finish it with the version that started it",
+                f"the journal records {recorded!r} but this run calls {current!r}; the code "
+                "or the tools changed since this turn started: finish it with the version "
+                "that started it",
+                recorded=recorded,
+                current=current,
             )
         return row
 
     def _diverged(self, step: int, detail: str) -> None:
         if self.strict:
-            raise ReplayDiverged(self.turn_id, step, "recorded request", "rebuilt request", detail)
+            raise ReplayDiverged(self.turn_id, step, detail)
         log.warning("turn %s step %d: %s; using the recorded reply", self.turn_id, step, detail)
         self.divergences.append(Divergence(step, detail))
 

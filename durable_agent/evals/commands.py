@@ -133,10 +133,92 @@ def matrix_table(report: MatrixReport) -> Table:
     return table
 
 
+def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
+    from ..journal import JournalStore, database_for, require_current
+    from .replay import replay_turn
+
+    db = database_for(settings.database_url)
+    require_current(db)
+    report = replay_turn(JournalStore(db), settings, args.turn_id)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
+    elif report.ok:
+        out.print(
+            f"[green]replayed[/] {report.turn_id}: {report.steps_replayed} steps read back, "
+            f"{report.model_calls} model calls, same reply:\n{report.replayed_reply}"
+        )
+    else:
+        out.print(
+            f"[red]diverged[/] {report.turn_id} at step {report.diverged_at}: {report.reason} "
+            f"({report.model_calls} model calls attempted, "
+            f"{report.steps_replayed}/{report.steps_in_journal} steps)"
+        )
+    return 0 if report.ok else 1
+
+
+def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(func=cmd_replay)
+    parser.add_argument("turn_id")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def cmd_heed_note(settings: Settings, args: argparse.Namespace) -> int:
+    from .heed_note import run_heed_note
+
+    real = not args.scripted and bool(settings.openai_base_url or settings.openai_api_key)
+    with tempfile.TemporaryDirectory(prefix="durable-agent-eval-") as work:
+        stack = EvalStack(
+            settings,
+            work_dir=Path(work),
+            policy=args.policy,
+            tools="workers.payments_tools",
+            real_model=real,
+            data_dir=Path(args.data_dir) if args.data_dir else None,
+        )
+        with stack, _progress() as bar:
+            task = bar.add_task("heed-note", total=args.runs)
+
+            def progress(text: str, done: int, total: int) -> None:
+                bar.update(task, description=f"heed-note: {text}", completed=done, total=total)
+
+            report = run_heed_note(stack, args.runs, progress=progress)
+    table = Table(title=f"heed-note: {report.model}", title_justify="left")
+    for column in ("run", "after 'may or may not have happened'", "refunds", "result"):
+        table.add_column(column)
+    for run in report.runs:
+        colour = {"pass": "green", "fail": "red"}.get(run.verdict, "yellow")
+        table.add_row(
+            str(run.run), run.next_action, str(run.refunds_executed), f"[{colour}]{run.verdict}[/]"
+        )
+    out.print(table)
+    _write_json(args.json, report.to_json())
+    passed = sum(r.verdict == "pass" for r in report.valid)
+    out.print(
+        f"pass rate {report.pass_rate:.0%} ({passed}/{len(report.valid)} valid runs, "
+        f"{len(report.runs) - len(report.valid)} invalid)"
+    )
+    if report.scripted:
+        out.print(
+            f"[yellow]note[/]: this ran against the scripted model (policy {args.policy!r}); the "
+            "rate shows the harness works, not how a real model behaves. Set OPENAI_BASE_URL "
+            "and OPENAI_API_KEY to measure a real model."
+        )
+    else:
+        out.print(f"measured against {settings.openai_base_url or 'the OpenAI API'}")
+    return 0 if report.valid and report.pass_rate == 1.0 else 1
+
+
 def register(commands: Any, add: Any) -> None:
     """Add ``eval`` and its subcommands to the main parser."""
     evals = commands.add_parser("eval", help="the evals of the pattern (crash matrix, ...)")
     kinds = evals.add_subparsers(dest="eval", required=True, metavar="EVAL")
+
+    add_replay_arguments(
+        kinds.add_parser("replay", help="replay a done turn with the model switched off")
+    )
+    add_replay_arguments(
+        commands.add_parser("replay", help="replay a done turn with the model switched off")
+    )
 
     matrix = kinds.add_parser(
         "crash-matrix",
@@ -154,3 +236,21 @@ def register(commands: Any, add: Any) -> None:
     matrix.add_argument("--lease-seconds", type=float, default=2.0)
     matrix.add_argument("--sweep-interval", type=float, default=0.5)
     matrix.add_argument("--data-dir", help="where embedded servers keep data (if needed)")
+
+    heed = kinds.add_parser(
+        "heed-note",
+        help="interrupt refund_order after it ran; does the model check before retrying?",
+    )
+    heed.set_defaults(func=cmd_heed_note)
+    heed.add_argument("--runs", type=int, default=20)
+    heed.add_argument(
+        "--policy",
+        default="refund",
+        choices=["refund", "careless-refund"],
+        help="scripted model policy (when no real endpoint is used)",
+    )
+    heed.add_argument(
+        "--scripted", action="store_true", help="use the scripted model even if OPENAI_* is set"
+    )
+    heed.add_argument("--json", metavar="PATH")
+    heed.add_argument("--data-dir")

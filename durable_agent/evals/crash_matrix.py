@@ -12,7 +12,6 @@ time from the crash to the finished turn.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -21,7 +20,7 @@ from typing import Any
 from ..client import start_turn, wait_for_turn
 from ..faults import POINTS
 from ..journal import Database, JournalStore, Step
-from .stack import EvalStack
+from .stack import EvalStack, crash_and_recover
 
 MESSAGE = "Email the note 'launch' to ada@example.com"
 
@@ -149,28 +148,12 @@ def _crash_once(
     run_id: str,
     timeout: float,
 ) -> PointResult:
-    settings, model, inbox = stack.settings, stack.model, stack.inbox
+    model, inbox = stack.model, stack.inbox
     assert model is not None
     model.reset_counts()
     inbox.clear()
-    name = f"{step.step}-{point}-{run_id}"
-    doomed = stack.start_worker(f"crash-{name}", CRASH_AT=f"{step.step}:{point}")
-    turn_id = start_turn(f"crash-matrix-{name}", message, settings=settings)
-    try:
-        code = doomed.wait_exit(timeout)
-    except TimeoutError:
-        code = None
-    crashed_at = time.monotonic()
-    crashed = code == 1 and "CRASH_AT" in doomed.log_text()
-    doomed.stop()
-    rescuer = stack.start_worker(f"rescue-{name}", wait=False)
-    try:
-        turn = wait_for_turn(turn_id, timeout, settings=settings)
-        recovery: float | None = time.monotonic() - crashed_at
-    except TimeoutError:
-        turn, recovery = store.get_turn(turn_id), None
-    finally:
-        rescuer.stop()
+    session = f"crash-matrix-{step.step}-{point}-{run_id}"
+    run = crash_and_recover(stack, session, message, f"{step.step}:{point}", timeout)
     interrupted_model_call = step.kind == "model" and point == "after_run"
     repeated = model.repeated_requests()
     allowed = 1 if interrupted_model_call else 0
@@ -178,14 +161,14 @@ def _crash_once(
         step=step.step,
         point=point,
         call=describe(step),
-        turn_id=turn_id,
-        crashed=crashed,
+        turn_id=run.turn.turn_id,
+        crashed=run.crashed,
         model_requests=model.request_count,
         repeated_finished=max(0, repeated - allowed),
         repeated_interrupted=min(repeated, allowed),
         emails=inbox.count,
-        same_reply=turn.reply == clean_reply,
-        recovery_seconds=round(recovery, 2) if recovery is not None else None,
-        status=turn.status,
-        reply=turn.reply,
+        same_reply=run.turn.reply == clean_reply,
+        recovery_seconds=run.recovery_seconds,
+        status=run.turn.status,
+        reply=run.turn.reply,
     )

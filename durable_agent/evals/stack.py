@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
@@ -19,8 +21,9 @@ import redis
 from kombu.utils.url import maybe_sanitize_url
 from sqlalchemy import text
 
+from ..client import get_turn, start_turn, wait_for_turn
 from ..errors import ConfigurationError, DurableAgentError, ServiceUnavailable
-from ..journal import Database, migrate
+from ..journal import Database, Turn, migrate
 from ..journal.db import describe_url
 from ..settings import Settings
 from ..testing import POLICIES, PaymentsSandbox, ScriptedModelServer, SmtpInbox
@@ -169,3 +172,39 @@ class EvalStack:
         for worker in self.workers:
             worker.stop(timeout=5)
         self._stack.close()
+
+
+@dataclass
+class Recovery:
+    """A turn whose first worker died at a crash point and a fresh worker finished."""
+
+    turn: Turn
+    crashed: bool
+    recovery_seconds: float | None
+
+
+def crash_and_recover(
+    stack: EvalStack, session_id: str, message: str, crash_at: str, timeout: float = 60.0
+) -> Recovery:
+    """Start a worker armed with ``CRASH_AT``, submit the turn, let the worker die, then let
+    a fresh worker finish the turn through the sweeper and the claim."""
+    settings = stack.settings
+    tag = session_id.replace(":", "-")
+    doomed = stack.start_worker(f"crash-{tag}", CRASH_AT=crash_at)
+    turn_id = start_turn(session_id, message, settings=settings)
+    try:
+        code: int | None = doomed.wait_exit(timeout)
+    except TimeoutError:
+        code = None
+    crashed_at = time.monotonic()
+    crashed = code == 1 and "CRASH_AT" in doomed.log_text()
+    doomed.stop()
+    rescuer = stack.start_worker(f"rescue-{tag}", wait=False)
+    try:
+        turn = wait_for_turn(turn_id, timeout, settings=settings)
+        recovery: float | None = round(time.monotonic() - crashed_at, 2)
+    except TimeoutError:
+        turn, recovery = get_turn(turn_id, settings=settings), None
+    finally:
+        rescuer.stop()
+    return Recovery(turn=turn, crashed=crashed, recovery_seconds=recovery)

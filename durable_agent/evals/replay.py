@@ -1,0 +1,127 @@
+"""Replay a finished turn from its journal with the model client switched off.
+
+The turn is recomputed exactly as a redelivered worker would compute it, except that the
+model may not be called, no tool may run and nothing may be written. It must produce the
+recorded reply with zero model calls; otherwise the report names the step where the replay
+diverged and why (a changed system prompt, a changed tool, a journal missing an outcome).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..agent import initial_messages, run_agent
+from ..errors import DurableAgentError, TurnFailed
+from ..journal import JournalStore
+from ..model import ModelSwitchedOff
+from ..runner import StepRunner
+from ..settings import Settings
+from ..tools import ToolRegistry
+
+
+class ReplayWrite(TurnFailed):
+    """The replay needed to write: the journal has no outcome for a step."""
+
+
+class _ReadOnlyJournal:
+    """Stands in for the store during a replay: any write means the journal was incomplete."""
+
+    def __init__(self, store: JournalStore) -> None:
+        self.store = store
+
+    def insert_intent(
+        self, turn_id: str, epoch: int, step: int, kind: str, name: str, *a: Any
+    ) -> None:
+        raise ReplayWrite(
+            f"step {step} ({kind} {name}) is not in the journal: the replay needed to run it"
+        )
+
+    def insert_done(
+        self, turn_id: str, epoch: int, step: int, kind: str, name: str, *a: Any
+    ) -> None:
+        raise ReplayWrite(f"step {step} ({kind} {name}) is not in the journal")
+
+    def record_outcome(self, turn_id: str, epoch: int, step: int, output: Any) -> None:
+        raise ReplayWrite(f"step {step} has an intent but no outcome in the journal")
+
+
+class _Unfenced:
+    def check(self) -> None:
+        return None
+
+    def still_claimed(self) -> bool:
+        return False
+
+
+@dataclass
+class ReplayReport:
+    turn_id: str
+    recorded_reply: str | None
+    replayed_reply: str | None
+    model_calls: int
+    steps_in_journal: int
+    steps_replayed: int
+    diverged_at: int | None
+    reason: str | None
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.reason is None
+            and self.model_calls == 0
+            and self.replayed_reply == self.recorded_reply
+            and self.steps_replayed == self.steps_in_journal
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "ok": self.ok}
+
+
+def replay_turn(store: JournalStore, settings: Settings, turn_id: str) -> ReplayReport:
+    """Recompute a finished turn from its journal alone."""
+    turn = store.get_turn(turn_id)
+    if turn.status != "done":
+        raise DurableAgentError(
+            f"turn {turn_id} is {turn.status}: only a done turn has a reply to replay"
+        )
+    journal = store.load_journal(turn_id)
+    inert = ToolRegistry()  # no tool can run: every tool step must be read back
+    model = ModelSwitchedOff()
+    runner = StepRunner(
+        store=_ReadOnlyJournal(store),  # type: ignore[arg-type]
+        turn_id=turn_id,
+        epoch=turn.lease_epoch,
+        journal=journal,
+        tools=inert,
+        guard=_Unfenced(),
+        max_steps=max(settings.max_steps, len(journal) + 1),
+        strict=True,
+    )
+    messages = initial_messages(
+        settings.system_prompt, store.session_history(turn.session_id, turn.seq), turn.message
+    )
+    reply: str | None = None
+    reason: str | None = None
+    try:
+        reply = run_agent(
+            runner, model=settings.model, tools=inert, messages=messages, call_model=model
+        )
+    except TurnFailed as error:
+        reason = str(error)
+    diverged_at = None if reason is None else max(runner.next_step - 1, 0)
+    if reason is None and reply != turn.reply:
+        reason, diverged_at = "the replayed reply differs from the recorded one", runner.next_step
+    if reason is None and runner.next_step != len(journal):
+        diverged_at = runner.next_step
+        reason = f"the replay ended after {runner.next_step} of {len(journal)} recorded steps"
+    return ReplayReport(
+        turn_id=turn_id,
+        recorded_reply=turn.reply,
+        replayed_reply=reply,
+        model_calls=model.calls,
+        steps_in_journal=len(journal),
+        steps_replayed=runner.next_step,
+        diverged_at=diverged_at,
+        reason=reason,
+    )
