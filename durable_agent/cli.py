@@ -23,6 +23,11 @@ from .journal.migrations import current_version, latest_version
 from .settings import Settings
 
 
+def _error_line(text: str) -> None:
+    """One line on stderr: never wrapped at the console width, never read as rich markup."""
+    err.print(text, markup=False, soft_wrap=True)
+
+
 class UsageError(DurableAgentError):
     """A command was called wrongly."""
 
@@ -85,12 +90,12 @@ def cmd_wait(settings: Settings, args: argparse.Namespace) -> int:
     try:
         turn = wait_for_turn(args.turn_id, args.timeout, settings=settings)
     except TimeoutError as error:
-        err.print(f"error: {error}")
+        _error_line(f"error: {error}")
         return 3
     if turn.status == "done":
         out.print(turn.reply or "")
         return 0
-    err.print(f"error: turn {turn.turn_id} failed: {turn.error}")
+    _error_line(f"error: turn {turn.turn_id} failed: {turn.error}")
     return 1
 
 
@@ -132,35 +137,13 @@ def turn_json(t: Turn) -> dict[str, Any]:
     }
 
 
-def summarize(step: Step, width: int = 70) -> str:
-    """One line for a step's outcome."""
-    if step.status != "done":
-        return "(no outcome recorded)"
-    output = step.output
-    if step.kind == "model" and isinstance(output, dict):
-        message = output.get("message") or {}
-        calls = message.get("tool_calls") or []
-        if calls:
-            text = "calls " + ", ".join(
-                f"{c['function']['name']}({c['function']['arguments']})" for c in calls
-            )
-        else:
-            text = f"replies {message.get('content')!r}"
-    elif isinstance(output, dict) and "content" in output:
-        text = str(output["content"])
-    else:
-        text = json.dumps(output)
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 def journal_table(steps: Sequence[Step], title: str = "journal") -> Table:
     table = Table(title=title, title_justify="left")
     for column in ("step", "kind", "name", "replay", "status", "epoch", "outcome"):
         table.add_column(column, overflow="fold")
     for s in steps:
         table.add_row(
-            str(s.step), s.kind, s.name, s.replay or "-", s.status, str(s.epoch), summarize(s)
+            str(s.step), s.kind, s.name, s.replay or "-", s.status, str(s.epoch), s.summary()
         )
     return table
 
@@ -248,13 +231,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except pydantic.ValidationError as error:
         first = error.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
-        err.print(f"error: bad setting DURABLE_AGENT_{field.upper()}: {first['msg']}")
+        _error_line(f"error: bad setting DURABLE_AGENT_{field.upper()}: {first['msg']}")
         return 2
     except TurnNotFound as error:
-        err.print(f"error: {error}")
+        _error_line(f"error: {error}")
         return 4
     except DurableAgentError as error:
-        err.print(f"error: {error}")
+        _error_line(f"error: {error}")
         return 1
     except KeyboardInterrupt:
         return 130

@@ -208,6 +208,38 @@ def cmd_heed_note(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if report.valid and report.pass_rate == 1.0 else 1
 
 
+def cmd_two_workers(settings: Settings, args: argparse.Namespace) -> int:
+    from .two_workers import run_two_workers
+
+    with tempfile.TemporaryDirectory(prefix="durable-agent-eval-") as work:
+        stack = EvalStack(
+            settings,
+            work_dir=Path(work),
+            policy="refund",
+            tools="workers.payments_tools",
+            lease_seconds=args.lease_seconds,
+            data_dir=Path(args.data_dir) if args.data_dir else None,
+        )
+        with stack:
+            err.print("two workers: freezing worker A inside refund_order ...")
+            report = run_two_workers(stack)
+    if args.json:
+        _write_json(args.json, report.to_json())
+    out.print(f"turn {report.turn_id}: {report.status}, reply {report.reply!r}")
+    out.print("[bold]worker A[/] (frozen):")
+    for line in report.worker_a:
+        out.print(f"  - {line}")
+    out.print("[bold]worker B[/] (took over):")
+    for line in report.worker_b:
+        out.print(f"  - {line}")
+    out.print(
+        f"payments service: {report.refunds_executed} refund executed for "
+        f"{report.refund_requests} refund requests"
+    )
+    out.print("[green]passed[/]" if report.ok else "[red]failed[/]")
+    return 0 if report.ok else 1
+
+
 def register(commands: Any, add: Any) -> None:
     """Add ``eval`` and its subcommands to the main parser."""
     evals = commands.add_parser("eval", help="the evals of the pattern (crash matrix, ...)")
@@ -236,6 +268,15 @@ def register(commands: Any, add: Any) -> None:
     matrix.add_argument("--lease-seconds", type=float, default=2.0)
     matrix.add_argument("--sweep-interval", type=float, default=0.5)
     matrix.add_argument("--data-dir", help="where embedded servers keep data (if needed)")
+
+    two = kinds.add_parser(
+        "two-workers",
+        help="freeze a worker inside a never tool; another takes over; count the refunds",
+    )
+    two.set_defaults(func=cmd_two_workers)
+    two.add_argument("--lease-seconds", type=float, default=5.0)
+    two.add_argument("--json", metavar="PATH")
+    two.add_argument("--data-dir")
 
     heed = kinds.add_parser(
         "heed-note",

@@ -34,6 +34,15 @@ class Database:
 
     def __init__(self, url: str) -> None:
         try:
+            backend = make_url(url).get_backend_name()
+        except sa_exc.ArgumentError as error:
+            raise ConfigurationError(f"bad database URL {describe_url(url)}: {error}") from error
+        if backend != "postgresql":
+            raise ConfigurationError(
+                f"bad database URL {describe_url(url)}: durable-agent needs PostgreSQL "
+                "(postgresql://user@host:port/dbname)"
+            )
+        try:
             self.engine: Engine = create_engine(
                 url,
                 isolation_level="AUTOCOMMIT",
@@ -42,8 +51,9 @@ class Database:
                 pool_pre_ping=True,
                 connect_args={"connect_timeout": 5},
             )
-        except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError) as error:
-            raise ConfigurationError(f"bad database URL {url!r}: {error}") from error
+        except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError, ImportError) as error:
+            # ImportError: a driver that is not installed, e.g. postgresql+psycopg2://
+            raise ConfigurationError(f"bad database URL {describe_url(url)}: {error}") from error
         self.url = url
         self._conn: Connection | None = None
         self._lock = threading.Lock()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -51,6 +52,27 @@ class Step:
     created_at: datetime
     finished_at: datetime | None
     blob: str | None = None
+
+    def summary(self, width: int = 70) -> str:
+        """One line for the step's outcome."""
+        if self.status != "done":
+            return "(no outcome recorded)"
+        output = self.output
+        if self.kind == "model" and isinstance(output, dict):
+            message = output.get("message") or {}
+            calls = message.get("tool_calls") or []
+            if calls:
+                text = "calls " + ", ".join(
+                    f"{c['function']['name']}({c['function']['arguments']})" for c in calls
+                )
+            else:
+                text = f"replies {message.get('content')!r}"
+        elif isinstance(output, dict) and "content" in output:
+            text = str(output["content"])
+        else:
+            text = json.dumps(output)
+        text = " ".join(text.split())
+        return text if len(text) <= width else text[: width - 1] + "…"
 
     def as_json(self) -> dict[str, Any]:
         return {

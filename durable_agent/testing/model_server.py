@@ -94,6 +94,7 @@ class RequestGate:
         self._holding = False
         self._closed = False
         self._waiting = 0
+        self._budget: int | None = None  # how many more requests to hold; None: all
 
     @property
     def waiting(self) -> int:
@@ -107,10 +108,12 @@ class RequestGate:
         with self._cond:
             return self._holding
 
-    def hold(self) -> None:
-        """Make requests block in `pass_through()` until `release()`."""
+    def hold(self, count: int | None = None) -> None:
+        """Make requests block in `pass_through()` until `release()`; only the next
+        ``count`` of them when given (later ones pass)."""
         with self._cond:
             self._holding = True
+            self._budget = count
 
     def release(self) -> None:
         """Let every blocked request proceed and stop holding new ones."""
@@ -132,8 +135,10 @@ class RequestGate:
     def pass_through(self) -> None:
         """Block while the gate is holding (returns immediately otherwise)."""
         with self._cond:
-            if not self._holding or self._closed:
+            if not self._holding or self._closed or self._budget == 0:
                 return
+            if self._budget is not None:
+                self._budget -= 1
             self._waiting += 1
             self._cond.notify_all()
             try:

@@ -122,9 +122,10 @@ class PaymentsSandbox(LoopbackHttpService):
                 "refund_requests": self._refund_requests,
             }
 
-    def hold(self) -> None:
-        """Block ``POST /refunds`` before the refund is applied, until `release()`."""
-        self.gate.hold()
+    def hold(self, count: int | None = None) -> None:
+        """Block ``POST /refunds`` before the refund is applied, until `release()`; only
+        the next ``count`` requests when given."""
+        self.gate.hold(count)
 
     def release(self) -> None:
         """Let held refund requests proceed and stop holding new ones."""
