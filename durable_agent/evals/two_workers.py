@@ -92,6 +92,8 @@ def run_two_workers(stack: EvalStack, timeout: float = 60.0) -> TwoWorkersReport
                 if s.epoch == turn.lease_epoch and s.step >= a_step
             ],
         ]
+        # A stays frozen for two lease lengths in all (the pattern's "tool sleeps 10 s")
+        time.sleep(max(0.0, 2 * settings.lease_seconds - (time.monotonic() - frozen_at)))
         payments.release()  # A's late request now reaches the service
         os.killpg(worker_a.pid, signal.SIGCONT)
         frozen_seconds = time.monotonic() - frozen_at
