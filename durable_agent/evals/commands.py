@@ -12,6 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..console import err, out
+from ..journal.db import describe_url
 from ..settings import Settings
 from .crash_matrix import MatrixReport, run_crash_matrix
 from .stack import EvalStack
@@ -240,10 +241,57 @@ def cmd_two_workers(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
+    from ..cli import journal_table
+    from .demo import run_demo
+
+    real = bool(settings.openai_base_url or settings.openai_api_key) and not args.scripted
+    data_dir = Path(args.data_dir) if args.data_dir else None
+    with tempfile.TemporaryDirectory(prefix="durable-agent-demo-") as work:
+        stack = EvalStack(
+            settings, work_dir=Path(work), real_model=real, lease_seconds=3.0, data_dir=data_dir
+        )
+        with stack:
+            s = stack.settings
+            out.print("[bold]durable-agent demo[/]")
+            out.print(f"  Postgres: {describe_url(s.database_url)}")
+            out.print(f"  Redis:    {s.broker_url}")
+            for note in stack.notes:
+                out.print(f"            ({note}; delete the folder to start afresh)")
+            model = s.openai_base_url if real else f"scripted model at {s.openai_base_url}"
+            out.print(f"  model:    {model or 'the OpenAI API'}")
+            out.print(f"  inbox:    {stack.inbox.smtp_url} (SMTP test inbox)")
+            result = run_demo(stack, lambda text: out.print(f"[cyan]>[/] {text}"))
+    out.print(journal_table(result.journal_at_crash, title="journal when worker 1 died"))
+    out.print(journal_table(result.journal, title="journal when the turn finished"))
+    steps = ", ".join(str(step) for step in result.read_back) or "none"
+    out.print(f"read back by worker 2 instead of run again: steps {steps}")
+    if result.model_requests is not None:
+        out.print(
+            f"model requests served: {result.model_requests}, repeated: {result.repeated_requests}"
+        )
+    out.print(f"emails received: {len(result.emails)}")
+    for recipients, subject in result.emails:
+        out.print(f"  to {recipients}: {subject}")
+    out.print(f"turn {result.turn.turn_id}: {result.turn.status}")
+    out.print(f"[bold]reply:[/] {result.turn.reply}")
+    ok = result.turn.status == "done" and len(result.emails) == 1
+    return 0 if ok else 1
+
+
 def register(commands: Any, add: Any) -> None:
     """Add ``eval`` and its subcommands to the main parser."""
     evals = commands.add_parser("eval", help="the evals of the pattern (crash matrix, ...)")
     kinds = evals.add_subparsers(dest="eval", required=True, metavar="EVAL")
+
+    demo = commands.add_parser(
+        "demo", help="run a turn, kill its worker mid-way, watch another worker finish it"
+    )
+    demo.set_defaults(func=cmd_demo)
+    demo.add_argument("--data-dir", help="where embedded servers keep data (./.durable-agent)")
+    demo.add_argument(
+        "--scripted", action="store_true", help="use the scripted model even if OPENAI_* is set"
+    )
 
     add_replay_arguments(
         kinds.add_parser("replay", help="replay a done turn with the model switched off")

@@ -125,13 +125,14 @@ class EvalStack:
         self.settings = self.base.model_copy(update=update)
 
     def _services(self) -> tuple[str, str]:
-        """Reachable Postgres and Redis URLs: configured ones, or embedded servers."""
+        """Postgres and Redis: the configured ones (``DURABLE_AGENT_DATABASE_URL``,
+        ``DURABLE_AGENT_BROKER_URL``), or embedded servers where none is configured."""
         database_url, broker_url = self.base.database_url, self.base.broker_url
-        need_pg = not postgres_reachable(database_url)
-        need_redis = not redis_reachable(broker_url)
-        if need_pg and "DURABLE_AGENT_DATABASE_URL" in os.environ:
+        need_pg = "DURABLE_AGENT_DATABASE_URL" not in os.environ
+        need_redis = "DURABLE_AGENT_BROKER_URL" not in os.environ
+        if not need_pg and not postgres_reachable(database_url):
             raise ServiceUnavailable(f"cannot reach Postgres at {describe_url(database_url)}")
-        if need_redis and "DURABLE_AGENT_BROKER_URL" in os.environ:
+        if not need_redis and not redis_reachable(broker_url):
             raise ServiceUnavailable(f"cannot reach Redis at {maybe_sanitize_url(broker_url)}")
         if need_pg or need_redis:
             from ..embedded import EmbeddedServiceError, EmbeddedServices
