@@ -93,7 +93,7 @@ def cmd_wait(settings: Settings, args: argparse.Namespace) -> int:
         _error_line(f"error: {error}")
         return 3
     if turn.status == "done":
-        out.print(turn.reply or "")
+        out.print(turn.reply or "", markup=False)
         return 0
     _error_line(f"error: turn {turn.turn_id} failed: {turn.error}")
     return 1

@@ -39,12 +39,12 @@ class Settings(BaseSettings):
     model_timeout_seconds: float = 120.0
     model_max_retries: int = Field(default=4, ge=0)
 
-    lease_seconds: float = Field(default=30.0, gt=0)
+    lease_seconds: float = Field(default=6.0, gt=0)
     max_steps: int = Field(default=64, ge=1)
     max_crashes: int = Field(default=5, ge=1, description="worker deaths before a turn fails")
     retry_backoff_max_seconds: float = Field(default=300.0, gt=0)
 
-    sweep_interval_seconds: float = Field(default=2.0, gt=0)
+    sweep_interval_seconds: float = Field(default=1.0, gt=0)
     requeue_after_seconds: float = Field(default=60.0, gt=0)
     run_sweeper: bool = True
     visibility_timeout_seconds: int = Field(default=3600, ge=1)
