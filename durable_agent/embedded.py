@@ -24,11 +24,13 @@ Everything lives under one directory the user can see and delete, by default
         .lock          flock held while an EmbeddedServices owns the directory
 
 Both servers listen on 127.0.0.1 only, on free TCP ports picked at each start; no Unix
-socket. Postgres authenticates with ``trust`` (any local user may connect as the
-superuser ``durable_agent``): fine for a demo on a developer machine, not for shared
-hosts. Redis runs with ``--save "" --appendonly no``: it is only the Celery broker
-here, the durable state is the Postgres journal, and a demo should not replay stale
-queued tasks from an earlier run.
+socket. restart_postgres() and restart_redis() bring one server back on the port it had, so
+clients holding the URLs reconnect (for chaos tests: a crashed database or broker).
+Postgres authenticates with ``trust`` (any local user may connect as the superuser
+``durable_agent``): fine for a demo on a developer machine, not for shared hosts. Redis
+runs with ``--save "" --appendonly no``: it is only the Celery broker here, the durable
+state is the Postgres journal, and a demo should not replay stale queued tasks from an
+earlier run.
 
 Running as root
 ---------------
@@ -227,6 +229,31 @@ def _terminate(
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     _wait_gone(pid, 5.0, proc)
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while a process of group pgid runs (zombies excluded); needs procfs."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _kill_group(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGKILL proc's whole process group (it leads one) and wait until every member is gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout)
+    deadline = time.monotonic() + timeout
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _nobody_ids() -> tuple[int, int]:
@@ -458,6 +485,40 @@ class EmbeddedServices:
             os.close(self._lock_fd)  # closing releases the flock
             self._lock_fd = None
 
+    def restart_postgres(self, *, kill: bool = False, downtime: float = 0.0) -> None:
+        """Stop Postgres, wait ``downtime`` seconds, start it again on the same port and data.
+
+        ``kill=False`` is a fast shutdown (SIGINT); ``kill=True`` SIGKILLs the postmaster and
+        every backend at once, like a crash: the next start runs crash recovery. Committed
+        data survives either way; every client connection is cut.
+        """
+        proc, port = self._pg_proc, self._pg_port
+        bindir = postgres_binaries()
+        if proc is None or port is None or bindir is None:
+            raise EmbeddedServiceError("the embedded Postgres is not running")
+        self._pg_proc = None
+        if kill:
+            _kill_group(proc, 10.0)
+        else:
+            _terminate(proc.pid, proc, signal.SIGINT, 30.0)
+        time.sleep(downtime)
+        self._start_postgres(bindir, port=port)
+
+    def restart_redis(self, *, downtime: float = 0.0) -> None:
+        """SIGKILL redis-server, wait ``downtime`` seconds, start an empty one on the same port.
+
+        Redis keeps nothing on disk here, so every queued and unacked message is lost.
+        """
+        proc, port = self._redis_proc, self._redis_port
+        exe = redis_server_binary()
+        if proc is None or port is None or exe is None:
+            raise EmbeddedServiceError("the embedded Redis is not running")
+        self._redis_proc = None
+        _kill_group(proc, 10.0)
+        self._redis_pidfile.unlink(missing_ok=True)
+        time.sleep(downtime)
+        self._start_redis(exe, port=port)
+
     def __enter__(self) -> Self:
         self.start()
         return self
@@ -586,7 +647,8 @@ class EmbeddedServices:
             )
         staging.rename(self.pgdata)
 
-    def _start_postgres(self, bindir: Path) -> None:
+    def _start_postgres(self, bindir: Path, port: int | None = None) -> None:
+        """Start the server on ``port``, or on a free port (retried if taken) when None."""
         runner = self._pg_runner(bindir)
         self.postgres_mode = runner.mode
         if not (self.pgdata / "PG_VERSION").is_file():
@@ -610,8 +672,9 @@ class EmbeddedServices:
                         "use another data directory"
                     ) from exc
 
+        fixed = port
         for attempt in range(_PORT_ATTEMPTS):
-            port = _free_port()
+            port = fixed or _free_port()
             argv = runner.argv(
                 bindir / "postgres",
                 "-D",
@@ -628,7 +691,11 @@ class EmbeddedServices:
             if self._wait_postgres(proc, port):
                 self._ensure_database(port)
                 return
-            retry = attempt + 1 < _PORT_ATTEMPTS and "could not bind" in _tail(self.postgres_log, 5)
+            retry = (
+                fixed is None
+                and attempt + 1 < _PORT_ATTEMPTS
+                and "could not bind" in _tail(self.postgres_log, 5)
+            )
             self._pg_proc = self._pg_port = None
             _terminate(proc.pid, proc, signal.SIGINT, 10.0)
             if not retry:
@@ -680,11 +747,13 @@ class EmbeddedServices:
             _terminate(pid, None, signal.SIGTERM, 10.0)
         self._redis_pidfile.unlink(missing_ok=True)
 
-    def _start_redis(self, exe: Path) -> None:
+    def _start_redis(self, exe: Path, port: int | None = None) -> None:
+        """Start the server on ``port``, or on a free port (retried if taken) when None."""
         self._stop_stale_redis()
         self.redis_dir.mkdir(exist_ok=True)
+        fixed = port
         for attempt in range(_PORT_ATTEMPTS):
-            port = _free_port()
+            port = fixed or _free_port()
             argv = [
                 str(exe),
                 "--bind",
@@ -711,8 +780,10 @@ class EmbeddedServices:
             self._redis_pidfile.write_text(f"{proc.pid}\n")
             if self._wait_redis(proc, port):
                 return
-            retry = attempt + 1 < _PORT_ATTEMPTS and "Address already in use" in _tail(
-                self.redis_log, 5
+            retry = (
+                fixed is None
+                and attempt + 1 < _PORT_ATTEMPTS
+                and "Address already in use" in _tail(self.redis_log, 5)
             )
             self._redis_proc = self._redis_port = None
             _terminate(proc.pid, proc, signal.SIGTERM, 10.0)

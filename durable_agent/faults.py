@@ -32,7 +32,7 @@ def parse(spec: str | None) -> tuple[int | str, CrashPoint] | None:
         raise ConfigurationError(
             f"{ENV}={spec!r}: expected <step|tool>:<before_run|after_run>, e.g. 4:after_run"
         )
-    return (int(target) if target.isdigit() else target), point  # type: ignore[return-value]
+    return (int(target) if target.isdigit() else target), point
 
 
 class Faults:

@@ -52,8 +52,8 @@ class ModelClient:
                     "id": call.id,
                     "type": "function",
                     "function": {
-                        "name": call.function.name,  # type: ignore[union-attr]
-                        "arguments": call.function.arguments,  # type: ignore[union-attr]
+                        "name": call.function.name,
+                        "arguments": call.function.arguments,
                     },
                 }
                 for call in choice.message.tool_calls

@@ -150,7 +150,7 @@ class StepRunner:
                 self.store.record_outcome(self.turn_id, self.epoch, step, output)
                 self.executed.append(step)
                 self._remember_uncertain(name, intent, output)
-                return output["content"]
+                return str(output["content"])
             self.guard.check()
         else:
             key = self._idempotency_key(step, name, arguments)

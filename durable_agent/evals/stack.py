@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
+import openai
 import redis
 from kombu.utils.url import maybe_sanitize_url
 from sqlalchemy import text
@@ -27,7 +28,7 @@ from ..journal import Database, Turn, migrate
 from ..journal.db import describe_url
 from ..settings import Settings
 from ..testing import POLICIES, PaymentsSandbox, ScriptedModelServer, SmtpInbox
-from ..testing.harness import WorkerProcess, settings_env
+from ..testing.harness import WorkerProcess, forget_queue, settings_env
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,27 @@ def redis_reachable(url: str) -> bool:
         return bool(client.ping())
     except (redis.RedisError, OSError):
         return False
+    finally:
+        client.close()
+
+
+def _check_model_api(settings: Settings) -> None:
+    """Fail fast with one line when a configured model endpoint cannot be reached."""
+    client = openai.OpenAI(
+        base_url=settings.openai_base_url,
+        api_key=settings.openai_api_key or "unused",
+        max_retries=0,
+        timeout=10,
+    )
+    where = settings.openai_base_url or "the OpenAI API"
+    try:
+        client.models.list()
+    except openai.APIConnectionError as error:
+        raise ServiceUnavailable(f"cannot reach the model API at {where}: {error}") from error
+    except openai.AuthenticationError as error:
+        raise ConfigurationError(f"the model API at {where} refused the key: {error}") from error
+    except openai.APIStatusError:
+        pass  # some compatible servers have no /models; the chat endpoint may still work
     finally:
         client.close()
 
@@ -116,7 +138,9 @@ class EvalStack:
             "sweep_interval_seconds": self.sweep_interval_seconds,
             **self.extra,
         }
-        if not self.real_model:
+        if self.real_model:
+            _check_model_api(self.base)
+        else:
             self.model = ScriptedModelServer(POLICIES[self.policy])
             self._stack.enter_context(self.model)
             update["openai_base_url"] = self.model.base_url
@@ -172,6 +196,12 @@ class EvalStack:
     def close(self) -> None:
         for worker in self.workers:
             worker.stop(timeout=5)
+        if self.settings is not self.base and redis_reachable(self.settings.broker_url):
+            client = redis.Redis.from_url(self.settings.broker_url)
+            try:
+                forget_queue(client, self.settings.queue)
+            finally:
+                client.close()
         self._stack.close()
 
 

@@ -1,8 +1,8 @@
 """The database handle of one process: an engine and one long-lived autocommit connection.
 
 Journal writes are single statements, so they run in autocommit mode on one connection
-that the process keeps (measured here: half the cost of a pool checkout plus BEGIN/COMMIT
-per statement). Driver errors that mean "cannot reach Postgres" become
+that the process keeps, instead of a pool checkout plus BEGIN/COMMIT per statement
+(``make bench`` measures the difference). Driver errors that mean "cannot reach Postgres" become
 :class:`~durable_agent.errors.ServiceUnavailable`.
 """
 

@@ -103,7 +103,7 @@ class Leases:
             _CLAIM, {"turn_id": turn_id, "owner": owner, "lease_seconds": lease_seconds}
         ).one_or_none()
         if row is not None:
-            turn = Turn(*row)
+            turn = Turn(**row._mapping)
             return Claim(turn=turn, epoch=turn.lease_epoch, owner=owner)
         return self._why_not(turn_id, lease_seconds)
 
@@ -174,7 +174,7 @@ class Leases:
             _END,
             {"turn_id": turn_id, "epoch": epoch, "status": status, "reply": reply, "error": error},
         ).one_or_none()
-        return (row[0], row[1]) if row else None
+        return (row.session_id, row.seq) if row else None
 
     def release(self, turn_id: str, epoch: int, delay_seconds: float, error: str | None) -> bool:
         """Give the turn back (queued, journal kept) to be claimed again after a delay."""

@@ -105,7 +105,7 @@ class JournalStore:
                     _CREATE_TURN,
                     {"turn_id": turn_id, "session_id": session_id, "message": message},
                 ).one()
-                return Turn(*row)
+                return Turn(**row._mapping)
             except sa_exc.IntegrityError as error:
                 existing = self.find_turn(turn_id)
                 if existing is not None:  # the same turn id submitted again: idempotent
@@ -122,7 +122,7 @@ class JournalStore:
             text(f"SELECT {_TURN_COLUMNS} FROM turns WHERE turn_id = :turn_id"),
             {"turn_id": turn_id},
         ).one_or_none()
-        return Turn(*row) if row else None
+        return Turn(**row._mapping) if row else None
 
     def get_turn(self, turn_id: str) -> Turn:
         turn = self.find_turn(turn_id)
@@ -137,7 +137,7 @@ class JournalStore:
             text(f"SELECT {_TURN_COLUMNS} FROM turns {where} {order} LIMIT :limit"),
             {"session_id": session_id, "limit": limit},
         ).all()
-        return [Turn(*row) for row in rows]
+        return [Turn(**row._mapping) for row in rows]
 
     def session_history(self, session_id: str, before_seq: int) -> list[tuple[str, str]]:
         """(user message, reply) of the session's earlier finished turns, in order."""
@@ -148,7 +148,7 @@ class JournalStore:
             ),
             {"session_id": session_id, "seq": before_seq},
         ).all()
-        return [(message, reply or "") for message, reply in rows]
+        return [(row.message, row.reply or "") for row in rows]
 
     def mark_enqueued(self, turn_ids: list[str]) -> None:
         self.db.execute(
@@ -167,7 +167,7 @@ class JournalStore:
             ),
             {"session_id": session_id, "seq": after_seq},
         ).one_or_none()
-        return (row[0], row[1]) if row else None
+        return (row.session_id, row.turn_id) if row else None
 
     # -- journal ---------------------------------------------------------------------------
 

@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Self
 
+import redis
+
 from ..settings import Settings
 
 _ALIASES = {"openai_base_url": "OPENAI_BASE_URL", "openai_api_key": "OPENAI_API_KEY"}
@@ -45,6 +47,23 @@ def wait_until(
         if time.monotonic() >= deadline:
             raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(interval)
+
+
+def forget_queue(client: redis.Redis, queue: str) -> None:
+    """Remove a queue's messages from Redis: the queue and kombu's unacked copies.
+
+    A worker killed with a message in hand leaves it in kombu's global ``unacked`` hash;
+    left there, it would be restored to a queue nobody reads an hour later.
+    """
+    client.delete(queue, *(f"{queue}\x06\x16{priority}" for priority in range(10)))
+    stale = [
+        tag
+        for tag, payload in client.hscan_iter("unacked")
+        if queue.encode() in payload  # the payload ends with [exchange, routing_key]
+    ]
+    if stale:
+        client.hdel("unacked", *stale)
+        client.zrem("unacked_index", *stale)
 
 
 class WorkerProcess:

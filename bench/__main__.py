@@ -1,0 +1,55 @@
+"""``python -m bench [all|journal|recovery] [--json PATH]``: run the benchmarks, print tables."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from durable_agent.console import out
+
+from . import machine
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument(
+        "which",
+        nargs="?",
+        choices=("all", "journal", "recovery"),
+        default="all",
+        help="the benchmark to run (default: all)",
+    )
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write results as JSON")
+    parser.add_argument(
+        "--reps", type=int, default=7, help="alternating repetitions per journal measure"
+    )
+    parser.add_argument("--runs", type=int, default=5, help="kills in the recovery benchmark")
+    args = parser.parse_args(argv)
+    if args.reps < 1 or args.runs < 1:
+        parser.error("--reps and --runs must be at least 1")
+
+    info = machine()
+    out.print(info.line())
+    results: dict[str, Any] = {"machine": info.as_json()}
+    started = time.monotonic()
+    if args.which in ("all", "journal"):
+        from . import journal_io
+
+        results["journal"] = journal_io.run(reps=args.reps)
+    if args.which in ("all", "recovery"):
+        from . import recovery
+
+        results["recovery"] = recovery.run(runs=args.runs)
+    out.print(f"[dim]finished in {time.monotonic() - started:.0f} s[/dim]")
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
+        out.print(f"results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

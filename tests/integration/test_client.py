@@ -1,0 +1,130 @@
+"""The application API on real Postgres and Redis: start_turn, get_turn, wait_for_turn."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import text
+
+from durable_agent.celery_app import TASK_NAME
+from durable_agent.client import get_turn, start_turn, wait_for_turn
+from durable_agent.errors import TurnNotFound
+from durable_agent.journal import Claim, Database, JournalStore, Leases
+from durable_agent.settings import Settings
+from durable_agent.sweeper import Sweeper
+
+
+@pytest.fixture(autouse=True)
+def _drop_queue(settings: Settings, redis_client: redis.Redis) -> Iterator[None]:
+    """Remove this test's queue (and kombu's bindings for it) from the shared Redis."""
+    yield
+    keys = list(redis_client.scan_iter(match=f"*{settings.queue}*"))
+    if keys:
+        redis_client.delete(*keys)
+
+
+def _queued(redis_client: redis.Redis, queue: str) -> list[tuple[str, str]]:
+    """(session_id, turn_id) of every run_turn message waiting in the queue's Redis list."""
+    found = []
+    for raw in redis_client.lrange(queue, 0, -1):
+        message = json.loads(raw)
+        assert message["headers"]["task"] == TASK_NAME
+        args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        found.append((args[0], args[1]))
+    return found
+
+
+def _enqueued_at(db: Database, turn_id: str) -> Any:
+    return db.execute(
+        text("SELECT enqueued_at FROM turns WHERE turn_id = :t"), {"t": turn_id}
+    ).scalar_one()
+
+
+def _closed_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def test_start_turn_records_and_enqueues(
+    settings: Settings, db: Database, redis_client: redis.Redis
+) -> None:
+    """start_turn writes the turn to Postgres, puts its ids on the queue and notes when."""
+    turn_id = start_turn("s", "hello", settings=settings)
+
+    turn = get_turn(turn_id, settings=settings)
+    assert (turn.session_id, turn.message, turn.status, turn.seq) == ("s", "hello", "queued", 0)
+    assert _queued(redis_client, settings.queue) == [("s", turn_id)]
+    assert _enqueued_at(db, turn_id) is not None
+
+
+def test_start_turn_with_own_id_is_idempotent(settings: Settings, store: JournalStore) -> None:
+    """A retried start_turn with the caller's turn id returns the same, single turn."""
+    first = start_turn("s", "hello", turn_id="turn_mine", settings=settings)
+    again = start_turn("s", "hello", turn_id="turn_mine", settings=settings)
+
+    assert first == again == "turn_mine"
+    assert [t.turn_id for t in store.list_turns("s")] == ["turn_mine"]
+
+
+def test_start_turn_with_broker_down_still_records_the_turn(
+    settings: Settings, db: Database, redis_client: redis.Redis
+) -> None:
+    """With no broker the turn is still recorded (queued, never enqueued), within 10 s, and
+    the sweeper sends it once the broker is reachable."""
+    down = settings.model_copy(update={"broker_url": f"redis://127.0.0.1:{_closed_port()}/0"})
+    started = time.monotonic()
+
+    turn_id = start_turn("s", "hello", settings=down)
+
+    assert time.monotonic() - started < 10
+    turn = get_turn(turn_id, settings=settings)
+    assert (turn.status, turn.message) == ("queued", "hello")
+    assert _enqueued_at(db, turn_id) is None
+
+    db.execute(
+        text("UPDATE turns SET created_at = now() - interval '1 hour' WHERE turn_id = :t"),
+        {"t": turn_id},
+    )
+    assert Sweeper(settings, db).sweep_once() == [("s", turn_id, "never enqueued")]
+    assert _queued(redis_client, settings.queue) == [("s", turn_id)]
+
+
+def test_get_turn_of_unknown_id_raises_turn_not_found(settings: Settings) -> None:
+    """An unknown id is an error naming the id, not None."""
+    with pytest.raises(TurnNotFound, match="turn_nope") as caught:
+        get_turn("turn_nope", settings=settings)
+    assert caught.value.turn_id == "turn_nope"
+
+
+def test_wait_for_turn_times_out_naming_the_status(settings: Settings, store: JournalStore) -> None:
+    """Waiting on a turn nobody runs raises TimeoutError that says it is still queued."""
+    turn = store.create_turn("s", "hello")
+    started = time.monotonic()
+
+    with pytest.raises(TimeoutError, match=r"still queued after 0\.3s"):
+        wait_for_turn(turn.turn_id, 0.3, settings=settings)
+
+    assert time.monotonic() - started < 10
+
+
+def test_wait_for_turn_returns_the_finished_turn(
+    settings: Settings, store: JournalStore, leases: Leases
+) -> None:
+    """A finished turn is returned with its reply."""
+    turn = store.create_turn("s", "hello")
+    claim = leases.claim(turn.turn_id, "w", 30.0)
+    assert isinstance(claim, Claim)
+    assert leases.finish(turn.turn_id, claim.epoch, "hi there") is not None
+
+    done = wait_for_turn(turn.turn_id, 5, settings=settings)
+
+    assert (done.status, done.reply) == ("done", "hi there")

@@ -1,0 +1,205 @@
+"""JournalStore on a real Postgres: turn placement, one-query loads, blobs and epoch fencing."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+
+from durable_agent.errors import LeaseLost
+from durable_agent.journal import Claim, Database, JournalStore, Leases
+from durable_agent.settings import Settings
+
+OWNER = "test-owner"
+
+
+def _claim(leases: Leases, turn_id: str, owner: str = OWNER, lease: float = 30.0) -> int:
+    claim = leases.claim(turn_id, owner, lease)
+    assert isinstance(claim, Claim), claim
+    return claim.epoch
+
+
+def _rows(db: Database, turn_id: str) -> list[Any]:
+    return list(
+        db.execute(
+            text(
+                "SELECT step, status, output, output_blob, epoch FROM journal "
+                "WHERE turn_id = :t ORDER BY step"
+            ),
+            {"t": turn_id},
+        ).all()
+    )
+
+
+def test_create_turn_numbers_turns_within_a_session(store: JournalStore) -> None:
+    """Turns of one session get seq 0, 1, 2; another session starts again at 0."""
+    turns = [store.create_turn("s1", f"message {i}") for i in range(3)]
+    other = store.create_turn("s2", "elsewhere")
+
+    assert [t.seq for t in turns] == [0, 1, 2]
+    assert other.seq == 0
+    assert all(t.status == "queued" and t.lease_epoch == 0 and t.attempts == 0 for t in turns)
+    assert [t.turn_id for t in store.list_turns("s1")] == [t.turn_id for t in turns]
+
+
+def test_concurrent_creates_in_one_session_get_distinct_seqs(settings: Settings) -> None:
+    """Eight threads, each on its own connection, create turns at once: seqs 0..7, no error."""
+    n = 8
+    barrier = threading.Barrier(n)
+    seqs: list[int] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def create(i: int) -> None:
+        db = Database(settings.database_url)
+        try:
+            own_store = JournalStore(db)
+            barrier.wait(timeout=30)
+            turn = own_store.create_turn("busy", f"message {i}")
+            with lock:
+                seqs.append(turn.seq)
+        except BaseException as error:
+            with lock:
+                errors.append(error)
+        finally:
+            db.close()
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert not errors, errors
+    assert sorted(seqs) == list(range(n))
+
+
+def test_create_turn_with_explicit_id_is_idempotent(store: JournalStore) -> None:
+    """The same turn id submitted twice returns the same turn; a clashing reuse is refused."""
+    first = store.create_turn("s", "hello", turn_id="turn_fixed")
+    again = store.create_turn("s", "hello", turn_id="turn_fixed")
+
+    assert again == first
+    assert len(store.list_turns("s")) == 1
+    with pytest.raises(ValueError, match="already used"):
+        store.create_turn("s", "another message", turn_id="turn_fixed")
+
+
+def test_load_journal_is_one_query_in_step_order(
+    db: Database, store: JournalStore, leases: Leases
+) -> None:
+    """A 1000-step journal, written out of order, loads with one statement, sorted by step."""
+    turn = store.create_turn("s", "long")
+    epoch = _claim(leases, turn.turn_id)
+    n = 1000
+    for step in reversed(range(n)):
+        store.insert_done(
+            turn.turn_id, epoch, step, "tool", "lookup_note", {"i": step}, "safe", {"out": step}
+        )
+
+    statements: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(db.engine, "before_cursor_execute", count)
+    try:
+        steps = store.load_journal(turn.turn_id)
+    finally:
+        event.remove(db.engine, "before_cursor_execute", count)
+
+    assert len(statements) == 1, statements
+    assert [s.step for s in steps] == list(range(n))
+    assert [s.output for s in steps] == [{"out": i} for i in range(n)]
+    assert [s.input for s in steps] == [{"i": i} for i in range(n)]
+    assert all(s.epoch == epoch and s.status == "done" for s in steps)
+
+
+def test_large_outputs_go_to_blobs_and_load_back_identical(
+    db: Database, store: JournalStore, leases: Leases
+) -> None:
+    """An output above blob_threshold is stored once by hash; the row keeps only the hash."""
+    turn = store.create_turn("s", "big")
+    epoch = _claim(leases, turn.turn_id)
+    big = {"content": "x" * (store.blob_threshold * 3), "rows": list(range(200))}
+    small = {"content": "fits in the row"}
+
+    store.insert_intent(turn.turn_id, epoch, 0, "tool", "fetch", {"a": 1}, "safe")
+    store.record_outcome(turn.turn_id, epoch, 0, big)
+    store.insert_done(turn.turn_id, epoch, 1, "tool", "fetch", {"a": 2}, "safe", big)
+    store.insert_done(turn.turn_id, epoch, 2, "tool", "fetch", {"a": 3}, "safe", small)
+
+    rows = _rows(db, turn.turn_id)
+    assert [r.output for r in rows[:2]] == [None, None]
+    assert rows[0].output_blob is not None and rows[0].output_blob == rows[1].output_blob
+    assert rows[2].output == small and rows[2].output_blob is None
+    blobs = db.execute(text("SELECT sha256, size_bytes FROM blobs")).all()
+    assert [b.sha256 for b in blobs] == [rows[0].output_blob]
+    assert blobs[0].size_bytes > store.blob_threshold
+
+    steps = store.load_journal(turn.turn_id)
+    assert [s.output for s in steps] == [big, big, small]
+    assert [s.blob for s in steps] == [rows[0].output_blob, rows[0].output_blob, None]
+
+
+def test_write_with_stale_epoch_raises_and_writes_nothing(
+    db: Database, store: JournalStore, leases: Leases
+) -> None:
+    """After a new claim moved the epoch on, the old epoch can neither add nor finish steps."""
+    turn = store.create_turn("s", "fenced")
+    old = _claim(leases, turn.turn_id)
+    store.insert_intent(turn.turn_id, old, 0, "tool", "send_email", {"to": "a"}, "never")
+    # Let the old claim's lease run out, then another owner takes the turn over.
+    db.execute(
+        text("UPDATE turns SET lease_expires_at = now() - interval '1 second' WHERE turn_id = :t"),
+        {"t": turn.turn_id},
+    )
+    new = _claim(leases, turn.turn_id, owner="other-owner")
+    assert new == old + 1
+
+    with pytest.raises(LeaseLost, match=f"holds epoch {old}, the turn is at epoch {new}"):
+        store.insert_intent(turn.turn_id, old, 1, "model", "llm", {"m": 1}, "safe")
+    with pytest.raises(LeaseLost, match=f"holds epoch {old}"):
+        store.insert_done(turn.turn_id, old, 1, "tool", "lookup_note", {}, "safe", {"c": 1})
+    with pytest.raises(LeaseLost, match=f"holds epoch {old}"):
+        store.record_outcome(turn.turn_id, old, 0, {"content": "sent"})
+
+    rows = _rows(db, turn.turn_id)
+    assert [(r.step, r.status, r.output, r.epoch) for r in rows] == [(0, "intent", None, old)]
+    # the current epoch still writes
+    store.record_outcome(turn.turn_id, new, 0, {"content": "sent"})
+    assert [(r.step, r.status, r.epoch) for r in _rows(db, turn.turn_id)] == [(0, "done", new)]
+
+
+def test_second_intent_at_same_step_is_rejected_by_primary_key(
+    db: Database, store: JournalStore, leases: Leases
+) -> None:
+    """Two writers cannot both record step 0: the second intent fails, naming the primary key."""
+    turn = store.create_turn("s", "twice")
+    epoch = _claim(leases, turn.turn_id)
+    store.insert_intent(turn.turn_id, epoch, 0, "tool", "send_email", {"to": "a"}, "never")
+
+    with pytest.raises(LeaseLost, match=r"primary key \(turn_id, step\)"):
+        store.insert_intent(turn.turn_id, epoch, 0, "tool", "send_email", {"to": "b"}, "never")
+
+    rows = _rows(db, turn.turn_id)
+    assert len(rows) == 1
+    steps = store.load_journal(turn.turn_id)
+    assert steps[0].input == {"to": "a"}
+
+
+def test_record_outcome_on_a_done_step_is_rejected(
+    db: Database, store: JournalStore, leases: Leases
+) -> None:
+    """An outcome is recorded once: a second record_outcome raises and keeps the first."""
+    turn = store.create_turn("s", "once")
+    epoch = _claim(leases, turn.turn_id)
+    store.insert_intent(turn.turn_id, epoch, 0, "tool", "lookup_note", {"name": "x"}, "safe")
+    store.record_outcome(turn.turn_id, epoch, 0, {"content": "first"})
+
+    with pytest.raises(LeaseLost, match="outcome of step 0"):
+        store.record_outcome(turn.turn_id, epoch, 0, {"content": "second"})
+
+    assert [s.output for s in store.load_journal(turn.turn_id)] == [{"content": "first"}]

@@ -1,0 +1,183 @@
+"""The sweeper on real Postgres and Redis: what it re-enqueues, how often, and one at a time."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import text
+
+import durable_agent.sweeper as sweeper_module
+from durable_agent.celery_app import TASK_NAME
+from durable_agent.journal import Claim, Database, JournalStore, Leases
+from durable_agent.queue import enqueue
+from durable_agent.settings import Settings
+from durable_agent.sweeper import Sweeper
+from durable_agent.testing.harness import wait_until
+
+
+@pytest.fixture(autouse=True)
+def _drop_queue(settings: Settings, redis_client: redis.Redis) -> Iterator[None]:
+    """Remove this test's queue (and kombu's bindings for it) from the shared Redis."""
+    yield
+    keys = list(redis_client.scan_iter(match=f"*{settings.queue}*"))
+    if keys:
+        redis_client.delete(*keys)
+
+
+def _queued(redis_client: redis.Redis, queue: str) -> list[tuple[str, str]]:
+    """(session_id, turn_id) of every run_turn message waiting in the queue's Redis list."""
+    found = []
+    for raw in redis_client.lrange(queue, 0, -1):
+        message = json.loads(raw)
+        assert message["headers"]["task"] == TASK_NAME
+        args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        found.append((args[0], args[1]))
+    return found
+
+
+def _enqueued_at(db: Database, turn_id: str) -> Any:
+    return db.execute(
+        text("SELECT enqueued_at FROM turns WHERE turn_id = :t"), {"t": turn_id}
+    ).scalar_one()
+
+
+def _backdate(db: Database, turn_id: str, seconds: int = 3600) -> None:
+    """Make the turn look recorded (and, if sent, enqueued) long ago."""
+    db.execute(
+        text(
+            "UPDATE turns SET created_at = created_at - make_interval(secs => :s), "
+            "enqueued_at = enqueued_at - make_interval(secs => :s) WHERE turn_id = :t"
+        ),
+        {"s": seconds, "t": turn_id},
+    )
+
+
+def test_never_enqueued_turn_is_sent_after_the_grace_period(
+    settings: Settings, db: Database, store: JournalStore, redis_client: redis.Redis
+) -> None:
+    """A turn recorded but never sent waits out the grace period, then is sent once."""
+    settings = settings.model_copy(update={"requeue_after_seconds": 3.0})
+    sweeper = Sweeper(settings, db)
+    assert sweeper.grace_seconds == 3.0
+    turn = store.create_turn("s", "hi")
+
+    assert sweeper.sweep_once() == []  # still within the grace period
+    assert redis_client.llen(settings.queue) == 0
+    assert _enqueued_at(db, turn.turn_id) is None
+
+    sent = wait_until(sweeper.sweep_once, 20, "the sweeper to send the turn", interval=0.2)
+
+    assert sent == [("s", turn.turn_id, "never enqueued")]
+    assert redis_client.llen(settings.queue) == 1
+    assert _queued(redis_client, settings.queue) == [("s", turn.turn_id)]
+    assert _enqueued_at(db, turn.turn_id) is not None
+    assert sweeper.sweep_once() == []  # marked: not sent again on the next pass
+    assert redis_client.llen(settings.queue) == 1
+
+
+def test_expired_claim_is_resent_once_not_on_every_pass(
+    settings: Settings,
+    db: Database,
+    store: JournalStore,
+    leases: Leases,
+    redis_client: redis.Redis,
+) -> None:
+    """A running turn whose lease ran out is sent again once; later passes leave it alone."""
+    sweeper = Sweeper(settings, db)
+    turn = store.create_turn("s", "hi")
+    enqueue(settings, store, "s", turn.turn_id)
+    assert isinstance(leases.claim(turn.turn_id, "dead-worker", 2.0), Claim)
+    assert sweeper.sweep_once() == []  # its message went out and the lease is live
+
+    sent = wait_until(sweeper.sweep_once, 20, "the expired claim to be re-sent", interval=0.1)
+
+    assert sent == [("s", turn.turn_id, "claim expired")]
+    assert _queued(redis_client, settings.queue) == [("s", turn.turn_id)] * 2
+    for _ in range(3):
+        assert sweeper.sweep_once() == []
+    assert redis_client.llen(settings.queue) == 2
+    assert store.get_turn(turn.turn_id).status == "running"
+
+
+def test_turn_with_live_lease_is_not_sent(
+    settings: Settings,
+    db: Database,
+    store: JournalStore,
+    leases: Leases,
+    redis_client: redis.Redis,
+) -> None:
+    """An old, never-enqueued turn is left alone while a live lease holds it."""
+    sweeper = Sweeper(settings, db)
+    held = store.create_turn("held", "hi")
+    free = store.create_turn("free", "hi")
+    assert isinstance(leases.claim(held.turn_id, "busy-worker", 60.0), Claim)
+    _backdate(db, held.turn_id)
+    _backdate(db, free.turn_id)
+
+    sent = sweeper.sweep_once()
+
+    assert sent == [("free", free.turn_id, "never enqueued")]
+    assert _queued(redis_client, settings.queue) == [("free", free.turn_id)]
+    assert _enqueued_at(db, held.turn_id) is None
+
+
+def test_later_turn_of_a_session_waits_for_the_earlier_one(
+    settings: Settings, db: Database, store: JournalStore, redis_client: redis.Redis
+) -> None:
+    """Only the first open turn of a session is sent; the next one would only wait."""
+    sweeper = Sweeper(settings, db)
+    first = store.create_turn("s", "one")
+    second = store.create_turn("s", "two")
+    _backdate(db, first.turn_id)
+    _backdate(db, second.turn_id)
+
+    assert sweeper.sweep_once() == [("s", first.turn_id, "never enqueued")]
+    assert _queued(redis_client, settings.queue) == [("s", first.turn_id)]
+    assert _enqueued_at(db, second.turn_id) is None
+
+
+def test_two_sweepers_at_once_only_one_does_the_pass(
+    settings: Settings,
+    db: Database,
+    store: JournalStore,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While one sweeper is inside its pass, a second one (own connection) does nothing."""
+    turns = [store.create_turn(f"s{i}", "hi") for i in range(3)]
+    for turn in turns:
+        _backdate(db, turn.turn_id)
+
+    real_send = sweeper_module.send
+    inside = threading.Event()
+    other_done = threading.Event()
+
+    def slow_send(*args: Any, **kwargs: Any) -> None:
+        inside.set()
+        other_done.wait(timeout=30)
+        real_send(*args, **kwargs)
+
+    monkeypatch.setattr(sweeper_module, "send", slow_send)
+    first_result: list[list[tuple[str, str, str]]] = []
+    first = threading.Thread(target=lambda: first_result.append(Sweeper(settings, db).sweep_once()))
+    first.start()
+    other_db = Database(settings.database_url)
+    try:
+        assert inside.wait(timeout=30), "the first sweeper never reached send()"
+        second_result = Sweeper(settings, other_db).sweep_once()
+    finally:
+        other_done.set()
+        first.join(timeout=30)
+        other_db.close()
+
+    assert second_result == []
+    assert len(first_result) == 1
+    assert sorted(t for _, t, _ in first_result[0]) == sorted(t.turn_id for t in turns)
+    queued = _queued(redis_client, settings.queue)
+    assert sorted(queued) == sorted((t.session_id, t.turn_id) for t in turns)

@@ -1,0 +1,95 @@
+"""Pins the public names of the durable_agent package."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+import durable_agent
+
+EXPECTED = [
+    "CallContext",
+    "ConfigurationError",
+    "DurableAgentError",
+    "LeaseLost",
+    "ModelUnavailable",
+    "ReplayDiverged",
+    "ServiceUnavailable",
+    "Settings",
+    "Step",
+    "StepLimitReached",
+    "Tool",
+    "ToolDefinitionError",
+    "Turn",
+    "TurnFailed",
+    "TurnNotFound",
+    "current_call",
+    "get_turn",
+    "run_turn",
+    "start_turn",
+    "still_claimed",
+    "tool",
+    "wait_for_turn",
+]
+
+
+def test_all_is_pinned() -> None:
+    """__all__ is exactly this sorted list: adding or removing a public name is deliberate."""
+    assert durable_agent.__all__ == EXPECTED
+    assert sorted(EXPECTED) == EXPECTED
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_each_name_is_importable(name: str) -> None:
+    """`from durable_agent import <name>` works for every public name."""
+    module = importlib.import_module("durable_agent")
+    value = getattr(module, name)
+    assert value is not None
+    namespace: dict[str, object] = {}
+    exec(f"from durable_agent import {name}", namespace)
+    assert namespace[name] is value
+
+
+def test_errors_form_the_documented_tree() -> None:
+    """Every error derives from DurableAgentError; the sub-trees are as documented."""
+    da = durable_agent
+    assert issubclass(da.ToolDefinitionError, da.ConfigurationError)
+    assert issubclass(da.ReplayDiverged, da.TurnFailed)
+    assert issubclass(da.StepLimitReached, da.TurnFailed)
+    errors = (
+        da.ConfigurationError,
+        da.ServiceUnavailable,
+        da.TurnNotFound,
+        da.TurnFailed,
+        da.ModelUnavailable,
+        da.LeaseLost,
+    )
+    for error in errors:
+        assert issubclass(error, da.DurableAgentError)
+    retryable = {e.__name__ for e in (*errors, da.ToolDefinitionError) if e.retryable}
+    assert retryable == {"LeaseLost", "ModelUnavailable", "ServiceUnavailable"}
+
+
+def test_run_turn_is_lazy_and_a_celery_task() -> None:
+    """Importing the package does not import the Celery task module; asking for run_turn does."""
+    code = (
+        "import sys, durable_agent\n"
+        "print('tasks' if 'durable_agent.tasks' in sys.modules else 'no-tasks')\n"
+        "from durable_agent import run_turn\n"
+        "print(run_turn.name)\n"
+        "print(callable(run_turn.delay))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["no-tasks", "durable_agent.run_turn", "True"]
+
+
+def test_unknown_attribute_raises_attribute_error() -> None:
+    """A name the package does not have is an AttributeError naming it."""
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _ = durable_agent.no_such_name
