@@ -17,6 +17,7 @@ import psycopg
 import pytest
 import redis
 
+from durable_agent.embedded import EmbeddedServices, postgres_binaries, redis_server_binary
 from durable_agent.journal import Database, JournalStore, Leases, migrate
 from durable_agent.settings import Settings
 from durable_agent.testing.harness import WorkerProcess, settings_env
@@ -35,30 +36,70 @@ def _sqlalchemy_url(dbname: str) -> str:
     return f"postgresql+psycopg://{user}@{host}:{port}/{dbname}"
 
 
+def embedded_available() -> bool:
+    return postgres_binaries() is not None and redis_server_binary() is not None
+
+
 def _admin() -> psycopg.Connection:
     return psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=3)
 
 
-@pytest.fixture(scope="session")
-def services_available() -> None:
-    """Stop the run with one clear line when Postgres or Redis is not there."""
+def _postgres_error() -> str | None:
     try:
         with _admin() as conn:
             conn.execute("SELECT 1")
     except psycopg.OperationalError as error:
+        return str(error).strip().splitlines()[0]
+    return None
+
+
+def _redis_error() -> str | None:
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3)
+    try:
+        client.ping()
+    except redis.RedisError as error:
+        return str(error)
+    finally:
+        client.close()
+    return None
+
+
+@pytest.fixture(scope="session")
+def services_available(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Postgres and Redis for the run: the configured or local ones; where none is configured
+    and the local one is down, the embedded servers of ``durable-agent demo``; otherwise stop
+    the run with one clear line saying which is missing."""
+    global ADMIN_URL, REDIS_URL
+    pg_error, redis_error = _postgres_error(), _redis_error()
+    configured = {"DURABLE_AGENT_TEST_POSTGRES", "DURABLE_AGENT_TEST_REDIS"} & set(os.environ)
+    embedded = None
+    if (pg_error or redis_error) and not configured and embedded_available():
+        embedded = EmbeddedServices(
+            tmp_path_factory.mktemp("embedded"), postgres=bool(pg_error), redis=bool(redis_error)
+        )
+        embedded.start()
+        if pg_error:
+            ADMIN_URL = (
+                embedded.database_url.replace("+psycopg", "").rsplit("/", 1)[0] + "/postgres"
+            )
+            pg_error = None
+        if redis_error:
+            REDIS_URL, redis_error = embedded.broker_url, None
+    if pg_error:
         pytest.exit(
-            f"Postgres is not reachable at {ADMIN_URL} ({str(error).strip().splitlines()[0]}). "
+            f"Postgres is not reachable at {ADMIN_URL} ({pg_error}). "
             "Start it, or point DURABLE_AGENT_TEST_POSTGRES at one.",
             returncode=3,
         )
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3).ping()
-    except redis.RedisError as error:
+    if redis_error:
         pytest.exit(
-            f"Redis is not reachable at {REDIS_URL} ({error}). "
+            f"Redis is not reachable at {REDIS_URL} ({redis_error}). "
             "Start it, or point DURABLE_AGENT_TEST_REDIS at one.",
             returncode=3,
         )
+    yield
+    if embedded is not None:
+        embedded.stop()
 
 
 @pytest.fixture(scope="session")
