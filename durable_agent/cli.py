@@ -49,6 +49,8 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
+    from celery import signals
+
     from .tools import load_tools
 
     _db(settings)
@@ -60,8 +62,16 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     labels = ", ".join(f"{t.name} ({t.replay})" for t in tools) or "none"
     err.print(f"durable-agent worker: queue {settings.queue!r}, tools: {labels}")
     argv = ["worker", "--queues", settings.queue, "--loglevel", args.loglevel, *args.celery_args]
+    # worker_main() drops the worker's exit code; a worker that stops on an unrecoverable
+    # error must exit non-zero, so that a supervisor restarts it.
+    exit_codes: list[int] = []
+
+    def remember_exit_code(sender: Any = None, **_: Any) -> None:
+        exit_codes.append(int(getattr(sender, "exitcode", None) or 0))
+
+    signals.worker_shutdown.connect(remember_exit_code, weak=False)
     app.worker_main(argv)
-    return 0
+    return exit_codes[-1] if exit_codes else 0
 
 
 def cmd_sweep(settings: Settings, args: argparse.Namespace) -> int:

@@ -6,8 +6,12 @@ a worker killed with a message in hand) and a turn can be recorded without ever 
 there for turns that
 
 * were recorded but never enqueued (after a short grace period),
-* are held by a claim that expired: the worker died or froze (sent once per expiry), or
+* are held by a claim that expired: the worker died or froze (sent once per expiry),
+* were deferred (the model API was down) and are due again (sent once when due), or
 * were last enqueued longer ago than ``requeue_after`` and are still not running.
+
+Deliveries never schedule themselves with a countdown; these passes are how a turn gets
+looked at again.
 
 A pass runs under a transaction-level advisory lock, so across the fleet one sweeper works
 at a time; every ``durable-agent worker`` runs one in a thread by default.
@@ -34,6 +38,7 @@ _DUE = text(
 SELECT t.session_id, t.turn_id,
        CASE WHEN t.enqueued_at IS NULL THEN 'never enqueued'
             WHEN t.lease_owner IS NOT NULL AND t.lease_expires_at <= now() THEN 'claim expired'
+            WHEN t.not_before IS NOT NULL AND t.enqueued_at < t.not_before THEN 'deferral due'
             ELSE 'message may be lost' END AS why
 FROM turns AS t
 WHERE t.status IN ('queued', 'running')
@@ -43,6 +48,7 @@ WHERE t.status IN ('queued', 'running')
         (t.enqueued_at IS NULL AND t.created_at <= now() - make_interval(secs => :grace))
      OR (t.lease_owner IS NOT NULL AND t.lease_expires_at <= now()
          AND (t.enqueued_at IS NULL OR t.enqueued_at <= t.lease_expires_at))
+     OR (t.not_before IS NOT NULL AND t.enqueued_at < t.not_before)
      OR (t.enqueued_at <= now() - make_interval(secs => :requeue_after))
   )
   AND NOT EXISTS (

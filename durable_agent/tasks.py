@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from celery import signals
+from celery.exceptions import Reject
 
 from .celery_app import SWEEP_TASK_NAME, TASK_NAME, app_for
 from .errors import DurableAgentError, ServiceUnavailable, TurnNotFound
@@ -18,7 +20,7 @@ from .journal import database_for
 from .queue import enqueue
 from .settings import Settings
 from .sweeper import Sweeper, SweeperThread
-from .worker import TurnWorker
+from .worker import Delivery, TurnWorker
 
 log = logging.getLogger("durable_agent.tasks")
 
@@ -71,7 +73,14 @@ def sweep() -> int:
 
 @app.task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True)
 def run_turn(self: Any, session_id: str, turn_id: str) -> str:
-    """Claim the turn in Postgres and run it; step aside if someone else holds it."""
+    """Claim the turn in Postgres and run it; step aside if someone else holds it.
+
+    No delivery schedules a later one with a countdown: a turn that must be looked at again
+    (a live claim of another worker, a deferral after a model outage) is re-sent by the
+    sweeper from Postgres when it is due. Celery's countdown messages wait unacked in a
+    worker's memory, and with kombu 5.7 on Redis such a worker dies when the broker
+    connection drops.
+    """
     worker = turn_worker()
     try:
         delivery = worker.handle(turn_id)
@@ -79,21 +88,17 @@ def run_turn(self: Any, session_id: str, turn_id: str) -> str:
         log.error("delivery for unknown turn %s dropped", turn_id)
         return "unknown turn"
     except ServiceUnavailable as error:
-        # Postgres is down: the sweeper finds the turn again once it is back.
-        log.warning("turn %s not run: %s", turn_id, error)
-        raise self.retry(countdown=settings.lease_seconds, max_retries=None) from error
-    if delivery.retry_in is not None:
-        _enqueue_quietly(worker, session_id, turn_id, delivery.retry_in)
+        delivery = Delivery(turn_id, "interrupted", str(error))
+    if delivery.outcome == "interrupted":
+        # Postgres is unreachable: give the message back after a short pause, so the turn
+        # goes on as soon as the database is back (the claim, if any, is this worker's own).
+        log.warning("turn %s interrupted, will retry: %s", turn_id, delivery.detail)
+        time.sleep(min(2.0, settings.lease_seconds / 3))
+        raise Reject(delivery.detail, requeue=True)
     if delivery.follow_up is not None:
-        _enqueue_quietly(worker, *delivery.follow_up, None)
+        try:
+            enqueue(settings, worker.store, *delivery.follow_up)
+        except DurableAgentError as error:
+            log.warning("could not enqueue %s (the sweeper will): %s", delivery.follow_up, error)
     log.info("turn %s: %s %s", turn_id, delivery.outcome, delivery.detail[:200])
     return delivery.outcome
-
-
-def _enqueue_quietly(
-    worker: TurnWorker, session_id: str, turn_id: str, countdown: float | None
-) -> None:
-    try:
-        enqueue(settings, worker.store, session_id, turn_id, countdown=countdown)
-    except DurableAgentError as error:
-        log.warning("could not enqueue %s (the sweeper will): %s", turn_id, error)

@@ -32,9 +32,9 @@ class Delivery:
     """What became of one delivery, and what the caller should enqueue."""
 
     turn_id: str
-    outcome: str  # done | failed | refused | deferred | lost
+    outcome: str  # done | failed | refused | deferred | lost | interrupted
     detail: str = ""
-    retry_in: float | None = None
+    retry_in: float | None = None  # when looking again can help (the sweeper re-sends then)
     follow_up: tuple[str, str] | None = None  # (session_id, turn_id) to enqueue now
     read_back: list[int] = field(default_factory=list)
     executed: list[int] = field(default_factory=list)
@@ -118,8 +118,7 @@ class TurnWorker:
                 return delivery
             except ServiceUnavailable as error:
                 log.warning("turn %s interrupted: %s", turn.turn_id, error)
-                delivery.outcome, delivery.detail = "deferred", str(error)
-                delivery.retry_in = settings.lease_seconds
+                delivery.outcome, delivery.detail = "interrupted", str(error)
                 return delivery
             except Exception as error:  # TurnFailed, or a bug: end the turn with the reason
                 if not isinstance(error, TurnFailed):

@@ -70,14 +70,24 @@ class Database:
     def execute(
         self, statement: TextClause | Any, params: Mapping[str, Any] | None = None
     ) -> CursorResult[Any]:
-        """Run one statement on the process's connection (autocommit)."""
+        """Run one statement on the process's connection (autocommit).
+
+        A connection that turns out to be dead (Postgres restarted since its last use) is
+        replaced and the statement sent once more. That is safe for every statement we send:
+        a write that did commit before the connection died is refused the second time by
+        the primary key or the epoch fence, never applied twice.
+        """
         with self._lock, translate_errors(self.url):
-            try:
-                return self._connection().execute(statement, dict(params or {}))
-            except sa_exc.DBAPIError as error:
-                if error.connection_invalidated and self._conn is not None:
+            for attempt in (1, 2):
+                try:
+                    return self._connection().execute(statement, dict(params or {}))
+                except sa_exc.DBAPIError as error:
+                    if not error.connection_invalidated:
+                        raise
                     self._conn = None
-                raise
+                    if attempt == 2:
+                        raise
+            raise AssertionError("unreachable")
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:

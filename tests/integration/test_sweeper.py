@@ -181,3 +181,27 @@ def test_two_sweepers_at_once_only_one_does_the_pass(
     assert sorted(t for _, t, _ in first_result[0]) == sorted(t.turn_id for t in turns)
     queued = _queued(redis_client, settings.queue)
     assert sorted(queued) == sorted((t.session_id, t.turn_id) for t in turns)
+
+
+def test_a_deferred_turn_is_sent_once_when_it_is_due(
+    settings: Settings,
+    db: Database,
+    store: JournalStore,
+    leases: Leases,
+    redis_client: redis.Redis,
+) -> None:
+    """A turn given back after a model outage (not_before in the future) is not sent early,
+    is sent once when due, and not again on later passes: deliveries schedule nothing."""
+    turn = store.create_turn("s-deferred", "hello")
+    enqueue(settings, store, "s-deferred", turn.turn_id)
+    redis_client.delete(settings.queue)  # the first delivery took its message
+    claim = leases.claim(turn.turn_id, "w1", 30)
+    assert isinstance(claim, Claim)
+    assert leases.release(turn.turn_id, claim.epoch, 0.6, "model API down (will retry)")
+    sweeper = Sweeper(settings, db)
+
+    assert sweeper.sweep_once() == []  # not due yet
+    wait_until(lambda: sweeper.sweep_once(), 10, "the deferred turn to be sent when due")
+    assert _queued(redis_client, settings.queue) == [("s-deferred", turn.turn_id)]
+    assert sweeper.sweep_once() == []
+    assert _queued(redis_client, settings.queue) == [("s-deferred", turn.turn_id)]
