@@ -51,13 +51,12 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     from celery import signals
 
-    from .tools import load_tools
-
     _db(settings)
-    tools = load_tools(settings.tool_modules, settings.label_overrides)
+    from .tasks import app, turn_worker
+
+    tools = turn_worker().tools  # the tools module and the model settings, checked up front
     if not settings.tool_modules:
         err.print("warning: DURABLE_AGENT_TOOLS is empty; the model gets no tools")
-    from .tasks import app
 
     labels = ", ".join(f"{t.name} ({t.replay})" for t in tools) or "none"
     err.print(f"durable-agent worker: queue {settings.queue!r}, tools: {labels}")

@@ -11,7 +11,7 @@ from typing import Any
 
 import openai
 
-from .errors import ModelUnavailable, TurnFailed
+from .errors import ConfigurationError, ModelUnavailable, TurnFailed
 from .settings import Settings
 
 
@@ -20,10 +20,15 @@ class ModelClient:
 
     def __init__(self, settings: Settings) -> None:
         self.base_url = settings.openai_base_url
+        if not settings.openai_api_key and not settings.openai_base_url:
+            raise ConfigurationError(
+                "no model endpoint: set OPENAI_API_KEY for OpenAI, or OPENAI_BASE_URL for "
+                "another OpenAI-compatible server"
+            )
         self.client = openai.OpenAI(
             base_url=settings.openai_base_url,
             # a local OpenAI-compatible server usually needs no key; the SDK insists on one
-            api_key=settings.openai_api_key or ("unused" if settings.openai_base_url else None),
+            api_key=settings.openai_api_key or "unused",
             max_retries=settings.model_max_retries,
             timeout=settings.model_timeout_seconds,
         )

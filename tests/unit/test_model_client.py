@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from durable_agent import ModelUnavailable, Settings, TurnFailed
+from durable_agent import ConfigurationError, ModelUnavailable, Settings, TurnFailed
 from durable_agent.model import ModelClient, ModelSwitchedOff
 from durable_agent.testing import ScriptedModelServer, call_tool, reply
 
@@ -196,3 +196,9 @@ def test_switched_off_model_refuses_and_counts() -> None:
     with pytest.raises(TurnFailed, match="1 messages"):
         model(request())
     assert model.calls == 1
+
+
+def test_no_endpoint_at_all_is_a_configuration_error() -> None:
+    """Neither OPENAI_API_KEY nor OPENAI_BASE_URL: one clear line, not the SDK's traceback."""
+    with pytest.raises(ConfigurationError, match="OPENAI_API_KEY"):
+        ModelClient(Settings(openai_api_key=None, openai_base_url=None))

@@ -93,3 +93,13 @@ def test_unknown_attribute_raises_attribute_error() -> None:
     """A name the package does not have is an AttributeError naming it."""
     with pytest.raises(AttributeError, match="no_such_name"):
         _ = durable_agent.no_such_name
+
+
+def test_beat_schedule_runs_the_sweeper() -> None:
+    """`celery -A durable_agent.tasks beat` sweeps every sweep interval out of the box."""
+    from durable_agent.celery_app import SWEEP_TASK_NAME
+    from durable_agent.tasks import app, settings
+
+    entry = app.conf.beat_schedule["durable-agent-sweep"]
+    assert entry == {"task": SWEEP_TASK_NAME, "schedule": settings.sweep_interval_seconds}
+    assert SWEEP_TASK_NAME in app.tasks
