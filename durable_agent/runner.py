@@ -134,6 +134,17 @@ class StepRunner:
             return str(row.output["content"])
 
         t = self.tools.get(name)
+        if row is not None and (row.replay == "never" or (t is not None and t.replay == "never")):
+            # An interrupted never tool: it may have acted, so it never runs again, even if
+            # the tool has since been removed or its schema changed.
+            intent = dict(row.input)
+            output = _uncertain_result(name, intent)
+            self.guard.check()
+            self.store.record_outcome(self.turn_id, self.epoch, step, output)
+            self.executed.append(step)
+            self._remember_uncertain(name, intent, output)
+            return str(output["content"])
+
         arguments, problem = _parse_arguments(t, name, function.get("arguments"))
         if problem is not None:
             output = {"content": problem, "error": True}
@@ -142,15 +153,8 @@ class StepRunner:
             return problem
         assert t is not None and arguments is not None
 
-        if row is not None:  # an intent without an outcome: the call was interrupted
+        if row is not None:  # an interrupted safe tool: run it again
             intent = dict(row.input)
-            if t.replay == "never" or row.replay == "never":
-                output = _uncertain_result(name, intent)
-                self.guard.check()
-                self.store.record_outcome(self.turn_id, self.epoch, step, output)
-                self.executed.append(step)
-                self._remember_uncertain(name, intent, output)
-                return str(output["content"])
             self.guard.check()
         else:
             key = self._idempotency_key(step, name, arguments)

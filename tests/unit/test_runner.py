@@ -430,6 +430,20 @@ def test_never_intent_stays_uncertain_after_relabelling_to_safe() -> None:
     assert POSSIBLY_RAN in text
 
 
+def test_never_intent_stays_uncertain_after_the_tool_is_removed() -> None:
+    """The interrupted never tool is gone from the registry (a deploy removed it): the call may
+    still have happened, so the model is told so, not that the tool does not exist."""
+    journal = journal_with_interrupted("ut_runner_send", {"to": "eve@example.com"})
+    EVENTS.clear()
+
+    runner, _, _ = make_runner(journal, tools=ToolRegistry())
+    text = runner.tool_step(call("ut_runner_send", {"to": "eve@example.com"}))
+
+    assert runs() == []
+    assert POSSIBLY_RAN in text
+    assert "no tool named" not in text
+
+
 # -- divergence --------------------------------------------------------------------------------
 
 
