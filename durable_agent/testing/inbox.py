@@ -21,11 +21,9 @@ from typing import Any, Self, cast
 
 from aiosmtpd.controller import Controller
 
-from durable_agent.testing.model_server import HttpRequest, HttpResponse, LoopbackHttpService
+from durable_agent.testing.http import LOOPBACK, HttpRequest, HttpResponse, LoopbackHttpService
 
 __all__ = ["InboxMessage", "SmtpInbox"]
-
-_LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -144,7 +142,7 @@ class SmtpInbox:
     `InboxMessage` in arrival order. Ports default to 0 (free ports, kept across restarts).
     """
 
-    def __init__(self, *, host: str = _LOOPBACK, smtp_port: int = 0, api_port: int = 0) -> None:
+    def __init__(self, *, host: str = LOOPBACK, smtp_port: int = 0, api_port: int = 0) -> None:
         self._host = host
         self._smtp_port = smtp_port
         self._cond = threading.Condition()

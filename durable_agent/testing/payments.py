@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from durable_agent.testing.model_server import HttpRequest, HttpResponse, LoopbackHttpService
+from durable_agent.testing.http import LOOPBACK, HttpRequest, HttpResponse, LoopbackHttpService
 
 __all__ = ["DEFAULT_ORDERS", "PaymentsSandbox", "Refund"]
 
@@ -55,7 +55,7 @@ class PaymentsSandbox(LoopbackHttpService):
         self,
         orders: Mapping[str, int] | None = None,
         *,
-        host: str = "127.0.0.1",
+        host: str = LOOPBACK,
         port: int = 0,
     ) -> None:
         super().__init__(host=host, port=port)
