@@ -7,8 +7,12 @@ holding the claim (the pid in ``turns.lease_owner``) is SIGKILLed with its proce
 t0, the hold is released, and the journal is polled until a row of a later epoch appears
 at t1. Its message stays unacked in Redis, so Celery alone would not deliver it again before
 the visibility timeout; the sweeper of the surviving worker re-enqueues the turn once the
-dead worker's lease expired. A replacement worker is started after each run, so two
-workers are running at every kill.
+dead worker's claim ended. A replacement worker is started after each run, so two workers
+are running at every kill.
+
+Two series: with ``end_dead_local_claims`` off the claim ends when its lease runs out, as
+when the dead worker ran on another machine; with it on (the default) the survivor sees that
+the holder's pid is gone from this machine and ends the claim at once.
 """
 
 from __future__ import annotations
@@ -159,10 +163,8 @@ def _one_run(
     )
 
 
-def run(*, runs: int = 5) -> dict[str, Any]:
-    """Kill a worker mid-turn ``runs`` times; print and return the recovery times."""
-    fields = Settings.model_fields
-    defaults = (fields["lease_seconds"].default, fields["sweep_interval_seconds"].default)
+def _series(runs: int, *, end_dead_local_claims: bool) -> tuple[list[Run], Settings]:
+    """Kill the claim holder ``runs`` times with one setting of the dead-holder fast path."""
     queue = f"bench-{uuid.uuid4().hex[:10]}"
     client = redis.Redis.from_url(REDIS_URL)
     results: list[Run] = []
@@ -179,6 +181,7 @@ def run(*, runs: int = 5) -> dict[str, Any]:
             openai_base_url=model.base_url,
             openai_api_key="bench",
             tools="workers.email_tools",
+            end_dead_local_claims=end_dead_local_claims,
         )
         env = {
             **settings_env(settings),
@@ -208,37 +211,79 @@ def run(*, runs: int = 5) -> dict[str, Any]:
                 _forget_queue(client, queue)
             client.close()
 
-    seconds = [r.recovery_seconds for r in results]
-    median = statistics.median(seconds)
+    return results, settings
+
+
+def run(*, runs: int = 5) -> dict[str, Any]:
+    """Kill a worker mid-turn ``runs`` times per path; print and return the recovery times.
+
+    Two series: with the dead-holder fast path off, as when the dead worker ran on another
+    machine (recovery waits for its lease), and on, as when it ran on this one.
+    """
+    fields = Settings.model_fields
+    defaults = (fields["lease_seconds"].default, fields["sweep_interval_seconds"].default)
+    series = {
+        "another machine (lease runs out)": _series(runs, end_dead_local_claims=False),
+        "this machine (dead pid seen)": _series(runs, end_dead_local_claims=True),
+    }
+    settings = next(iter(series.values()))[1]
     lease, sweep = settings.lease_seconds, settings.sweep_interval_seconds
     visibility = settings.visibility_timeout_seconds
 
     per_run = Table(
         title="Recovery runs: SIGKILL of the claim holder → next step by another worker"
     )
-    for column in ("run", "killed", "lease left at kill", "resumed by", "recovery"):
-        per_run.add_column(column, justify="left" if column in ("killed",) else "right")
-    for r in results:
-        per_run.add_row(
-            str(r.run),
-            r.killed,
-            f"{r.lease_left_at_kill:.2f} s",
-            r.recovered_by,
-            f"{r.recovery_seconds:.2f} s",
+    for column in (
+        "dead worker on",
+        "run",
+        "killed",
+        "lease left at kill",
+        "resumed by",
+        "recovery",
+    ):
+        per_run.add_column(
+            column, justify="left" if column in ("dead worker on", "killed") else "right"
         )
+    for where, (results, _) in series.items():
+        for r in results:
+            per_run.add_row(
+                where,
+                str(r.run),
+                r.killed,
+                f"{r.lease_left_at_kill:.2f} s",
+                r.recovered_by,
+                f"{r.recovery_seconds:.2f} s",
+            )
     out.print(per_run)
 
-    summary = Table(title=f"Recovery after SIGKILL mid-turn ({runs} runs, default settings)")
-    for column in ("setup", "lease", "sweep interval", "median", "min", "max"):
-        summary.add_column(column, justify="left" if column == "setup" else "right")
-    summary.add_row(
-        "durable-agent: lease + sweeper (measured)",
-        f"{lease:g} s",
-        f"{sweep:g} s",
-        f"{median:.2f} s",
-        f"{min(seconds):.2f} s",
-        f"{max(seconds):.2f} s",
-    )
+    summary = Table(title=f"Recovery after SIGKILL mid-turn ({runs} runs each, default settings)")
+    for column in ("dead worker on", "lease", "sweep interval", "median", "min", "max"):
+        summary.add_column(column, justify="left" if column == "dead worker on" else "right")
+    report: dict[str, Any] = {
+        "lease_seconds": lease,
+        "sweep_interval_seconds": sweep,
+        "goal_seconds": GOAL_SECONDS,
+        "celery_only_seconds": visibility,
+        "series": {},
+    }
+    for where, (results, _) in series.items():
+        seconds = [r.recovery_seconds for r in results]
+        median = statistics.median(seconds)
+        summary.add_row(
+            where,
+            f"{lease:g} s",
+            f"{sweep:g} s",
+            f"{median:.2f} s",
+            f"{min(seconds):.2f} s",
+            f"{max(seconds):.2f} s",
+        )
+        report["series"][where] = {
+            "runs": [asdict(r) for r in results],
+            "median_seconds": median,
+            "min_seconds": min(seconds),
+            "max_seconds": max(seconds),
+            "goal_met": median < GOAL_SECONDS,
+        }
     summary.add_row(
         "Celery alone: Redis visibility_timeout (not measured)",
         "-",
@@ -248,21 +293,12 @@ def run(*, runs: int = 5) -> dict[str, Any]:
         "",
     )
     out.print(summary)
-    verdict = "met" if median < GOAL_SECONDS else "NOT met"
+    worst = max(v["median_seconds"] for v in report["series"].values())
+    verdict = "met" if worst < GOAL_SECONDS else "NOT met"
     out.print(
-        f"goal: under {GOAL_SECONDS:g} s with default settings: {verdict} (median {median:.2f} s)"
+        f"goal: under {GOAL_SECONDS:g} s with default settings: {verdict} "
+        f"(worst median {worst:.2f} s)"
     )
     if (lease, sweep) != defaults:
         out.print("[yellow]note: lease or sweep interval overridden by the environment[/yellow]")
-
-    return {
-        "runs": [asdict(r) for r in results],
-        "lease_seconds": lease,
-        "sweep_interval_seconds": sweep,
-        "median_seconds": median,
-        "min_seconds": min(seconds),
-        "max_seconds": max(seconds),
-        "goal_seconds": GOAL_SECONDS,
-        "goal_met": median < GOAL_SECONDS,
-        "celery_only_seconds": visibility,
-    }
+    return report

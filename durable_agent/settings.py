@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     sweep_interval_seconds: float = Field(default=1.0, gt=0)
     requeue_after_seconds: float = Field(default=60.0, gt=0)
     run_sweeper: bool = True
+    end_dead_local_claims: bool = Field(
+        default=True,
+        description="end at once a claim whose holder died on this machine (pid gone)",
+    )
     visibility_timeout_seconds: int = Field(default=3600, ge=1)
 
     blob_threshold_bytes: int = Field(default=16 * 1024, ge=256)

@@ -13,6 +13,9 @@ there for turns that
 Deliveries never schedule themselves with a countdown; these passes are how a turn gets
 looked at again.
 
+A claim whose holder was a process of this machine that no longer exists is ended at once
+(``DURABLE_AGENT_END_DEAD_LOCAL_CLAIMS``), so its turn is due without waiting for the lease.
+
 A pass runs under a transaction-level advisory lock, so across the fleet one sweeper works
 at a time; every ``durable-agent worker`` runs one in a thread by default.
 """
@@ -25,7 +28,7 @@ import threading
 from sqlalchemy import bindparam, text
 
 from .errors import DurableAgentError
-from .journal import Database
+from .journal import Database, JournalStore, Leases
 from .queue import send
 from .settings import Settings
 
@@ -73,8 +76,12 @@ class Sweeper:
         self.db = db
         self.batch = batch
         self.grace_seconds = min(5.0, settings.requeue_after_seconds)
+        self.leases = Leases(
+            db, JournalStore(db), end_dead_local_claims=settings.end_dead_local_claims
+        )
 
     def sweep_once(self) -> list[tuple[str, str, str]]:
+        self.leases.end_dead_local_holders()  # their turns are then due as 'claim expired'
         with self.db.transaction() as conn:
             if not conn.execute(
                 text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": _LOCK_KEY}

@@ -55,7 +55,9 @@ class TurnWorker:
         self.settings = settings
         self.db = db or database_for(settings.database_url)
         self.store = JournalStore(self.db, blob_threshold=settings.blob_threshold_bytes)
-        self.leases = Leases(self.db, self.store)
+        self.leases = Leases(
+            self.db, self.store, end_dead_local_claims=settings.end_dead_local_claims
+        )
         if tools is None:
             tools = load_tools(settings.tool_modules, settings.label_overrides)
             for name, label in settings.label_overrides.items():

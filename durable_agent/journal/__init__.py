@@ -1,7 +1,8 @@
 """The durable step journal in Postgres: tables, named queries, claims and migrations."""
 
 from .db import Database, database_for
-from .leases import Leases, worker_identity
+from .holders import holder_is_dead, worker_identity
+from .leases import Leases
 from .migrations import migrate, require_current
 from .records import Claim, Refusal, Step, Turn
 from .store import JournalStore
@@ -15,6 +16,7 @@ __all__ = [
     "Step",
     "Turn",
     "database_for",
+    "holder_is_dead",
     "migrate",
     "require_current",
     "worker_identity",

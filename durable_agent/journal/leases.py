@@ -8,17 +8,18 @@ session has finished, so the conversation it is built from can no longer change.
 
 from __future__ import annotations
 
-import os
-import socket
-import threading
+import logging
 from datetime import UTC, datetime
 
 from sqlalchemy import text
 
 from ..errors import TurnNotFound
 from .db import Database
+from .holders import holder_is_dead, host_token
 from .records import Claim, Refusal, Turn
 from .store import _TURN_COLUMNS, JournalStore
+
+log = logging.getLogger(__name__)
 
 _CLAIM = text(
     f"""
@@ -70,6 +71,22 @@ RETURNING turn_id
 """
 )
 
+_END_DEAD_CLAIM = text(
+    """
+UPDATE turns SET lease_expires_at = now(), updated_at = now()
+WHERE turn_id = :turn_id AND lease_epoch = :epoch AND lease_owner = :owner
+  AND status = 'running' AND lease_expires_at > now()
+RETURNING turn_id
+"""
+)
+
+_LOCAL_CLAIMS = text(
+    """
+SELECT turn_id, lease_owner, lease_epoch FROM turns
+WHERE status = 'running' AND lease_expires_at > now() AND lease_owner LIKE :pattern
+"""
+)
+
 _STILL_HELD = text(
     """
 SELECT lease_epoch = :epoch AND status = 'running' AND lease_expires_at > now()
@@ -86,26 +103,57 @@ ORDER BY seq LIMIT 1
 )
 
 
-def worker_identity() -> str:
-    """Who holds a claim: host, process and thread, so a log line can name the worker."""
-    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
-
-
 class Leases:
     """Claim, renew, release and end turns, fenced by epoch."""
 
-    def __init__(self, db: Database, store: JournalStore) -> None:
+    def __init__(
+        self, db: Database, store: JournalStore, *, end_dead_local_claims: bool = True
+    ) -> None:
         self.db = db
         self.store = store
+        self.end_dead_local_claims = end_dead_local_claims
 
     def claim(self, turn_id: str, owner: str, lease_seconds: float) -> Claim | Refusal:
-        row = self.db.execute(
-            _CLAIM, {"turn_id": turn_id, "owner": owner, "lease_seconds": lease_seconds}
-        ).one_or_none()
+        params = {"turn_id": turn_id, "owner": owner, "lease_seconds": lease_seconds}
+        row = self.db.execute(_CLAIM, params).one_or_none()
+        if row is None and self.end_dead_local_claims:
+            held = self.store.find_turn(turn_id)
+            if held is not None and self.end_claim_of_dead_holder(
+                turn_id, held.lease_owner, held.lease_epoch
+            ):
+                row = self.db.execute(_CLAIM, params).one_or_none()
         if row is not None:
             turn = Turn(**row._mapping)
             return Claim(turn=turn, epoch=turn.lease_epoch, owner=owner)
         return self._why_not(turn_id, lease_seconds)
+
+    def end_claim_of_dead_holder(self, turn_id: str, owner: str | None, epoch: int) -> bool:
+        """End a live claim at once if its holder is a process of this machine that died."""
+        if not holder_is_dead(owner):
+            return False
+        ended = self.db.execute(
+            _END_DEAD_CLAIM, {"turn_id": turn_id, "owner": owner, "epoch": epoch}
+        ).one_or_none()
+        if ended is not None:
+            log.warning(
+                "turn %s: its holder %s (epoch %d) died on this machine; claim ended early",
+                turn_id,
+                owner,
+                epoch,
+            )
+        return ended is not None
+
+    def end_dead_local_holders(self) -> list[str]:
+        """End every live claim held by a dead process of this machine (a sweeper pass)."""
+        token = host_token()
+        if token is None or not self.end_dead_local_claims:
+            return []
+        rows = self.db.execute(_LOCAL_CLAIMS, {"pattern": f"%#{token}"}).all()
+        return [
+            row.turn_id
+            for row in rows
+            if self.end_claim_of_dead_holder(row.turn_id, row.lease_owner, row.lease_epoch)
+        ]
 
     def _why_not(self, turn_id: str, lease_seconds: float) -> Refusal:
         turn = self.store.find_turn(turn_id)
