@@ -15,6 +15,7 @@ from typing import Any
 
 import pydantic
 from rich.table import Table
+from rich.text import Text
 
 from .console import err, out
 from .errors import DurableAgentError, TurnNotFound
@@ -26,10 +27,6 @@ from .settings import Settings
 def _error_line(text: str) -> None:
     """One line on stderr: never wrapped at the console width, never read as rich markup."""
     err.print(text, markup=False, soft_wrap=True)
-
-
-class UsageError(DurableAgentError):
-    """A command was called wrongly."""
 
 
 def _db(settings: Settings, *, migrated: bool = True) -> Database:
@@ -151,9 +148,8 @@ def journal_table(steps: Sequence[Step], title: str = "journal") -> Table:
     for column in ("step", "kind", "name", "replay", "status", "epoch", "outcome"):
         table.add_column(column, overflow="fold")
     for s in steps:
-        table.add_row(
-            str(s.step), s.kind, s.name, s.replay or "-", s.status, str(s.epoch), s.summary()
-        )
+        cells = (str(s.step), s.kind, s.name, s.replay or "-", s.status, str(s.epoch), s.summary())
+        table.add_row(*(Text(cell) for cell in cells))  # recorded text is never rich markup
     return table
 
 
@@ -164,7 +160,7 @@ def turns_table(turns: Sequence[Turn]) -> Table:
     for t in turns:
         text = t.reply if t.status == "done" else (t.error or "")
         text = " ".join((text or "").split())
-        table.add_row(
+        cells = (
             t.turn_id,
             t.session_id,
             str(t.seq),
@@ -173,6 +169,7 @@ def turns_table(turns: Sequence[Turn]) -> Table:
             str(t.crashes),
             text[:80],
         )
+        table.add_row(*(Text(cell) for cell in cells))
     return table
 
 

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -76,7 +77,7 @@ def cmd_crash_matrix(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     out.print(f"[red]failed[/] at {len(report.failures)} of {len(report.points)} crash points:")
     for point in report.failures:
-        out.print(f"  step {point.step} {point.point} ({point.call}): {_why(point)}")
+        out.print(f"  step {point.step} {point.point} ({point.call}): {_why(point)}", markup=False)
     return 1
 
 
@@ -226,13 +227,13 @@ def cmd_two_workers(settings: Settings, args: argparse.Namespace) -> int:
             report = run_two_workers(stack)
     if args.json:
         _write_json(args.json, report.to_json())
-    out.print(f"turn {report.turn_id}: {report.status}, reply {report.reply!r}")
+    out.print(f"turn {report.turn_id}: {report.status}, reply {report.reply!r}", markup=False)
     out.print("[bold]worker A[/] (frozen):")
     for line in report.worker_a:
-        out.print(f"  - {line}")
+        out.print(f"  - {line}", markup=False)
     out.print("[bold]worker B[/] (took over):")
     for line in report.worker_b:
-        out.print(f"  - {line}")
+        out.print(f"  - {line}", markup=False)
     out.print(
         f"payments service: {report.refunds_executed} refund executed for "
         f"{report.refund_requests} refund requests"
@@ -261,7 +262,7 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
             model = s.openai_base_url if real else f"scripted model at {s.openai_base_url}"
             out.print(f"  model:    {model or 'the OpenAI API'}")
             out.print(f"  inbox:    {stack.inbox.smtp_url} (SMTP test inbox)")
-            result = run_demo(stack, lambda text: out.print(f"[cyan]>[/] {text}"))
+            result = run_demo(stack, lambda text: out.print(f"[cyan]>[/] {escape(text)}"))
     out.print(journal_table(result.journal_at_crash, title="journal when worker 1 died"))
     out.print(journal_table(result.journal, title="journal when the turn finished"))
     steps = ", ".join(str(step) for step in result.read_back) or "none"
@@ -272,9 +273,9 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
         )
     out.print(f"emails received: {len(result.emails)}")
     for recipients, subject in result.emails:
-        out.print(f"  to {recipients}: {subject}")
+        out.print(f"  to {recipients}: {subject}", markup=False)
     out.print(f"turn {result.turn.turn_id}: {result.turn.status}")
-    out.print(f"[bold]reply:[/] {result.turn.reply}")
+    out.print(f"[bold]reply:[/] {escape(result.turn.reply or '')}")
     ok = result.turn.status == "done" and len(result.emails) == 1
     return 0 if ok else 1
 

@@ -230,3 +230,24 @@ def test_migrate_against_unreachable_database_is_one_error_line(settings: Settin
     line = _one_error_line(result)
     assert "cannot reach Postgres" in line
     assert f"127.0.0.1:{port}/nowhere" in line
+
+
+def test_tables_print_recorded_text_literally(
+    settings: Settings, store: JournalStore, leases: Leases
+) -> None:
+    """Replies and tool outputs that look like rich markup are shown as they are."""
+    turn = store.create_turn("markup", "hi")
+    claim = leases.claim(turn.turn_id, "w", 30.0)
+    assert isinstance(claim, Claim)
+    store.insert_done(
+        turn.turn_id, claim.epoch, 0, "tool", "t", {}, "safe", {"content": "a [/b] c [bold]d"}
+    )
+    assert leases.finish(turn.turn_id, claim.epoch, "done [/x]")
+
+    journal = run_cli(settings, "journal", turn.turn_id)
+    turns = run_cli(settings, "turns", "--session", "markup")
+
+    assert journal.returncode == 0, journal.stderr
+    assert "a [/b] c [bold]d" in journal.stdout
+    assert turns.returncode == 0, turns.stderr
+    assert "done [/x]" in turns.stdout
