@@ -20,7 +20,7 @@ import redis
 from durable_agent.embedded import EmbeddedServices, postgres_binaries, redis_server_binary
 from durable_agent.journal import Database, JournalStore, Leases, migrate
 from durable_agent.settings import Settings
-from durable_agent.testing.harness import WorkerProcess, settings_env
+from durable_agent.testing.harness import WorkerProcess, forget_queue, settings_env
 
 ADMIN_URL = os.environ.get(
     "DURABLE_AGENT_TEST_POSTGRES", "postgresql://root@127.0.0.1:5432/postgres"
@@ -139,9 +139,10 @@ def empty_database_url(services_available: None) -> Iterator[str]:
 
 
 @pytest.fixture
-def settings(database_url: str) -> Settings:
-    """Settings for this test: its own database and its own queue; short leases."""
-    return Settings(
+def settings(database_url: str) -> Iterator[Settings]:
+    """Settings for this test: its own database and its own queue (removed from Redis
+    afterwards, with any unacked copies); short leases."""
+    test_settings = Settings(
         database_url=database_url,
         broker_url=REDIS_URL,
         queue=f"test-{uuid.uuid4().hex[:10]}",
@@ -153,6 +154,12 @@ def settings(database_url: str) -> Settings:
         model_max_retries=1,
         model_timeout_seconds=10.0,
     )
+    yield test_settings
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        forget_queue(client, test_settings.queue)
+    finally:
+        client.close()
 
 
 @pytest.fixture

@@ -6,7 +6,9 @@ kills a prefork pool's children; ``stop()`` is idempotent and always leaves no p
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -56,6 +58,9 @@ def forget_queue(client: redis.Redis, queue: str) -> None:
     left there, it would be restored to a queue nobody reads an hour later.
     """
     client.delete(queue, *(f"{queue}\x06\x16{priority}" for priority in range(10)))
+    bindings = list(client.scan_iter(match=f"_kombu.binding.*{queue}*"))
+    if bindings:
+        client.delete(*bindings)
     stale = [
         tag
         for tag, payload in client.hscan_iter("unacked")
@@ -64,6 +69,16 @@ def forget_queue(client: redis.Redis, queue: str) -> None:
     if stale:
         client.hdel("unacked", *stale)
         client.zrem("unacked_index", *stale)
+
+
+def queued_turns(client: redis.Redis, queue: str) -> list[tuple[str, str]]:
+    """(session_id, turn_id) of every ``run_turn`` message waiting in a queue's Redis list."""
+    found = []
+    for raw in client.lrange(queue, 0, -1):
+        message = json.loads(raw)
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        found.append((args[0], args[1]))
+    return found
 
 
 class WorkerProcess:

@@ -7,9 +7,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 
-import pytest
 import redis
 from sqlalchemy import text
 
@@ -18,15 +16,6 @@ from durable_agent.settings import Settings
 from durable_agent.testing.harness import settings_env
 
 STEP_FIELDS = {"step", "kind", "name", "replay", "status", "input", "output"}
-
-
-@pytest.fixture(autouse=True)
-def _drop_queue(settings: Settings, redis_client: redis.Redis) -> Iterator[None]:
-    """Remove this test's queue (and kombu's bindings for it) from the shared Redis."""
-    yield
-    keys = list(redis_client.scan_iter(match=f"*{settings.queue}*"))
-    if keys:
-        redis_client.delete(*keys)
 
 
 def run_cli(

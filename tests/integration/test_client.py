@@ -2,43 +2,20 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import socket
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 from sqlalchemy import text
 
-from durable_agent.celery_app import TASK_NAME
 from durable_agent.client import get_turn, start_turn, wait_for_turn
 from durable_agent.errors import TurnNotFound
 from durable_agent.journal import Claim, Database, JournalStore, Leases
 from durable_agent.settings import Settings
 from durable_agent.sweeper import Sweeper
-
-
-@pytest.fixture(autouse=True)
-def _drop_queue(settings: Settings, redis_client: redis.Redis) -> Iterator[None]:
-    """Remove this test's queue (and kombu's bindings for it) from the shared Redis."""
-    yield
-    keys = list(redis_client.scan_iter(match=f"*{settings.queue}*"))
-    if keys:
-        redis_client.delete(*keys)
-
-
-def _queued(redis_client: redis.Redis, queue: str) -> list[tuple[str, str]]:
-    """(session_id, turn_id) of every run_turn message waiting in the queue's Redis list."""
-    found = []
-    for raw in redis_client.lrange(queue, 0, -1):
-        message = json.loads(raw)
-        assert message["headers"]["task"] == TASK_NAME
-        args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
-        found.append((args[0], args[1]))
-    return found
+from durable_agent.testing.harness import queued_turns
 
 
 def _enqueued_at(db: Database, turn_id: str) -> Any:
@@ -62,7 +39,7 @@ def test_start_turn_records_and_enqueues(
 
     turn = get_turn(turn_id, settings=settings)
     assert (turn.session_id, turn.message, turn.status, turn.seq) == ("s", "hello", "queued", 0)
-    assert _queued(redis_client, settings.queue) == [("s", turn_id)]
+    assert queued_turns(redis_client, settings.queue) == [("s", turn_id)]
     assert _enqueued_at(db, turn_id) is not None
 
 
@@ -95,7 +72,7 @@ def test_start_turn_with_broker_down_still_records_the_turn(
         {"t": turn_id},
     )
     assert Sweeper(settings, db).sweep_once() == [("s", turn_id, "never enqueued")]
-    assert _queued(redis_client, settings.queue) == [("s", turn_id)]
+    assert queued_turns(redis_client, settings.queue) == [("s", turn_id)]
 
 
 def test_get_turn_of_unknown_id_raises_turn_not_found(settings: Settings) -> None:

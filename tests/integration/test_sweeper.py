@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,32 +10,11 @@ import redis
 from sqlalchemy import text
 
 import durable_agent.sweeper as sweeper_module
-from durable_agent.celery_app import TASK_NAME
 from durable_agent.journal import Claim, Database, JournalStore, Leases
 from durable_agent.queue import enqueue
 from durable_agent.settings import Settings
 from durable_agent.sweeper import Sweeper
-from durable_agent.testing.harness import wait_until
-
-
-@pytest.fixture(autouse=True)
-def _drop_queue(settings: Settings, redis_client: redis.Redis) -> Iterator[None]:
-    """Remove this test's queue (and kombu's bindings for it) from the shared Redis."""
-    yield
-    keys = list(redis_client.scan_iter(match=f"*{settings.queue}*"))
-    if keys:
-        redis_client.delete(*keys)
-
-
-def _queued(redis_client: redis.Redis, queue: str) -> list[tuple[str, str]]:
-    """(session_id, turn_id) of every run_turn message waiting in the queue's Redis list."""
-    found = []
-    for raw in redis_client.lrange(queue, 0, -1):
-        message = json.loads(raw)
-        assert message["headers"]["task"] == TASK_NAME
-        args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
-        found.append((args[0], args[1]))
-    return found
+from durable_agent.testing.harness import queued_turns, wait_until
 
 
 def _enqueued_at(db: Database, turn_id: str) -> Any:
@@ -75,7 +51,7 @@ def test_never_enqueued_turn_is_sent_after_the_grace_period(
 
     assert sent == [("s", turn.turn_id, "never enqueued")]
     assert redis_client.llen(settings.queue) == 1
-    assert _queued(redis_client, settings.queue) == [("s", turn.turn_id)]
+    assert queued_turns(redis_client, settings.queue) == [("s", turn.turn_id)]
     assert _enqueued_at(db, turn.turn_id) is not None
     assert sweeper.sweep_once() == []  # marked: not sent again on the next pass
     assert redis_client.llen(settings.queue) == 1
@@ -98,7 +74,7 @@ def test_expired_claim_is_resent_once_not_on_every_pass(
     sent = wait_until(sweeper.sweep_once, 20, "the expired claim to be re-sent", interval=0.1)
 
     assert sent == [("s", turn.turn_id, "claim expired")]
-    assert _queued(redis_client, settings.queue) == [("s", turn.turn_id)] * 2
+    assert queued_turns(redis_client, settings.queue) == [("s", turn.turn_id)] * 2
     for _ in range(3):
         assert sweeper.sweep_once() == []
     assert redis_client.llen(settings.queue) == 2
@@ -123,7 +99,7 @@ def test_turn_with_live_lease_is_not_sent(
     sent = sweeper.sweep_once()
 
     assert sent == [("free", free.turn_id, "never enqueued")]
-    assert _queued(redis_client, settings.queue) == [("free", free.turn_id)]
+    assert queued_turns(redis_client, settings.queue) == [("free", free.turn_id)]
     assert _enqueued_at(db, held.turn_id) is None
 
 
@@ -138,7 +114,7 @@ def test_later_turn_of_a_session_waits_for_the_earlier_one(
     _backdate(db, second.turn_id)
 
     assert sweeper.sweep_once() == [("s", first.turn_id, "never enqueued")]
-    assert _queued(redis_client, settings.queue) == [("s", first.turn_id)]
+    assert queued_turns(redis_client, settings.queue) == [("s", first.turn_id)]
     assert _enqueued_at(db, second.turn_id) is None
 
 
@@ -179,7 +155,7 @@ def test_two_sweepers_at_once_only_one_does_the_pass(
     assert second_result == []
     assert len(first_result) == 1
     assert sorted(t for _, t, _ in first_result[0]) == sorted(t.turn_id for t in turns)
-    queued = _queued(redis_client, settings.queue)
+    queued = queued_turns(redis_client, settings.queue)
     assert sorted(queued) == sorted((t.session_id, t.turn_id) for t in turns)
 
 
@@ -202,6 +178,6 @@ def test_a_deferred_turn_is_sent_once_when_it_is_due(
 
     assert sweeper.sweep_once() == []  # not due yet
     wait_until(lambda: sweeper.sweep_once(), 10, "the deferred turn to be sent when due")
-    assert _queued(redis_client, settings.queue) == [("s-deferred", turn.turn_id)]
+    assert queued_turns(redis_client, settings.queue) == [("s-deferred", turn.turn_id)]
     assert sweeper.sweep_once() == []
-    assert _queued(redis_client, settings.queue) == [("s-deferred", turn.turn_id)]
+    assert queued_turns(redis_client, settings.queue) == [("s-deferred", turn.turn_id)]
