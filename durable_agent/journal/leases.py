@@ -116,16 +116,20 @@ class Leases:
     def claim(self, turn_id: str, owner: str, lease_seconds: float) -> Claim | Refusal:
         params = {"turn_id": turn_id, "owner": owner, "lease_seconds": lease_seconds}
         row = self.db.execute(_CLAIM, params).one_or_none()
-        if row is None and self.end_dead_local_claims:
+        held = None
+        if row is None:
             held = self.store.find_turn(turn_id)
-            if held is not None and self.end_claim_of_dead_holder(
-                turn_id, held.lease_owner, held.lease_epoch
+            if (
+                held is not None
+                and self.end_dead_local_claims
+                and self.end_claim_of_dead_holder(turn_id, held.lease_owner, held.lease_epoch)
             ):
                 row = self.db.execute(_CLAIM, params).one_or_none()
+                held = None
         if row is not None:
             turn = Turn(**row._mapping)
             return Claim(turn=turn, epoch=turn.lease_epoch, owner=owner)
-        return self._why_not(turn_id, lease_seconds)
+        return self._why_not(turn_id, lease_seconds, held)
 
     def end_claim_of_dead_holder(self, turn_id: str, owner: str | None, epoch: int) -> bool:
         """End a live claim at once if its holder is a process of this machine that died."""
@@ -155,8 +159,9 @@ class Leases:
             if self.end_claim_of_dead_holder(row.turn_id, row.lease_owner, row.lease_epoch)
         ]
 
-    def _why_not(self, turn_id: str, lease_seconds: float) -> Refusal:
-        turn = self.store.find_turn(turn_id)
+    def _why_not(self, turn_id: str, lease_seconds: float, turn: Turn | None = None) -> Refusal:
+        """Why the claim failed, from the turn as it was just read (or read now)."""
+        turn = turn or self.store.find_turn(turn_id)
         if turn is None:
             raise TurnNotFound(turn_id)
         now = self._now()
