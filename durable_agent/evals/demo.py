@@ -48,7 +48,10 @@ def run_demo(stack: EvalStack, say: Callable[[str], None], message: str = MESSAG
             f"{stack.inbox.count}"
         )
         at_crash = store.load_journal(turn_id)
-        say("starting worker 2; its sweeper finds the expired claim and re-enqueues the turn")
+        say(
+            "starting worker 2; its sweeper sees worker 1's process is gone, ends its claim "
+            "and re-enqueues the turn"
+        )
         stack.start_worker("worker-2")
         turn = wait_for_turn(turn_id, 120, settings=settings)
         wait_until(lambda: stack.inbox.count >= 1, 10, "the email")
