@@ -192,11 +192,21 @@ def start_worker(tmp_path: Path) -> Iterator:
     started: list[WorkerProcess] = []
 
     def start(
-        settings: Settings, *, name: str | None = None, ready: bool = True, **env: str
+        settings: Settings,
+        *,
+        name: str | None = None,
+        ready: bool = True,
+        pool: str = "solo",
+        concurrency: int = 1,
+        **env: str,
     ) -> WorkerProcess:
         name = name or f"worker{len(started) + 1}"
         worker = WorkerProcess(
-            {**settings_env(settings), **env}, tmp_path / f"{name}.log", name=name
+            {**settings_env(settings), **env},
+            tmp_path / f"{name}.log",
+            name=name,
+            pool=pool,
+            concurrency=concurrency,
         )
         started.append(worker)
         worker.start()

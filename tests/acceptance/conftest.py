@@ -43,7 +43,14 @@ CLEAN_STEPS = [
 
 class StartWorker(Protocol):
     def __call__(
-        self, settings: Settings, *, name: str | None = None, ready: bool = True, **env: str
+        self,
+        settings: Settings,
+        *,
+        name: str | None = None,
+        ready: bool = True,
+        pool: str = "solo",
+        concurrency: int = 1,
+        **env: str,
     ) -> WorkerProcess: ...
 
 
@@ -54,6 +61,8 @@ class Spawn(Protocol):
         name: str | None = None,
         ready: bool = True,
         settings: Settings | None = None,
+        pool: str = "solo",
+        concurrency: int = 1,
         **env: str,
     ) -> WorkerProcess: ...
 
@@ -187,12 +196,16 @@ def spawn(stack: Stack, start_worker: StartWorker) -> Spawn:
         name: str | None = None,
         ready: bool = True,
         settings: Settings | None = None,
+        pool: str = "solo",
+        concurrency: int = 1,
         **env: str,
     ) -> WorkerProcess:
         worker = start_worker(
             settings or stack.settings,
             name=name or f"worker{len(stack.workers) + 1}",
             ready=False,
+            pool=pool,
+            concurrency=concurrency,
             **{**stack.env, **env},
         )
         stack.workers.append(worker)

@@ -8,6 +8,7 @@ through a call longer than the lease, and a message lost from Redis is sent agai
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from typing import TYPE_CHECKING
@@ -144,3 +145,34 @@ def test_a_message_lost_from_redis_is_sent_again(
     assert stack.shape(turn_id) == stack.clean_steps, report
     assert stack.subjects() == [stack.subject], report
     assert stack.model.request_count == 3 and stack.model.repeated_requests() == 0, report
+
+
+def test_a_killed_prefork_child_is_replaced_at_once(stack: Stack, spawn: Spawn) -> None:
+    """Celery's default pool: SIGKILL the child running a turn. Celery re-queues its message
+    at once (reject on worker lost), a sibling sees that the claim's holder is gone from this
+    machine and takes the turn without waiting for the lease; the other turns are unaffected."""
+    worker = spawn(pool="prefork", concurrency=2)
+    warm = [start_turn(f"s-warm{i}", stack.message, settings=stack.settings) for i in range(2)]
+    for turn_id in warm:
+        assert stack.wait_turn(turn_id, 30).status == "done", stack.report(turn_id)
+
+    stack.model.reset_counts()  # the warm-up turns sent the same requests
+    stack.model.hold()
+    turn_id = start_turn("s-child", stack.message, settings=stack.settings)
+    stack.model.wait_for_waiting(1, timeout=20)
+    holder = stack.store.get_turn(turn_id).lease_owner or ""
+    child = int(holder.split(":")[1])
+    assert child != worker.pid, holder  # a child of the pool, not the worker's main process
+    os.kill(child, signal.SIGKILL)
+    killed_at = time.monotonic()
+    stack.model.release()
+    turn = stack.wait_turn(turn_id, 30)
+    elapsed = time.monotonic() - killed_at
+
+    report = stack.report(turn_id)
+    assert turn.status == "done" and turn.reply == stack.clean_reply, report
+    assert (turn.attempts, turn.crashes) == (2, 1), report
+    assert elapsed < stack.settings.lease_seconds, f"took {elapsed:.1f}s\n{report}"
+    assert worker.alive(), report
+    assert stack.model.repeated_requests() == 1, report  # only the call the kill interrupted
+    assert len(stack.inbox.messages) == 3, report
