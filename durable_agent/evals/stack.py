@@ -186,7 +186,9 @@ class EvalStack:
         return env
 
     def start_worker(self, name: str, *, wait: bool = True, **env: str) -> WorkerProcess:
-        worker = WorkerProcess(self.worker_env(**env), self.work_dir / f"{name}.log", name=name)
+        worker = WorkerProcess(
+            self.worker_env(**env), self.work_dir / f"{name}.log", name=name, die_with_parent=True
+        )
         self.workers.append(worker)
         worker.start()
         if wait:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -81,6 +82,16 @@ def queued_turns(client: redis.Redis, queue: str) -> list[tuple[str, str]]:
     return found
 
 
+def _exit_with_parent() -> None:
+    """In the child before exec: get SIGKILL when the process that started it dies, so a
+    killed eval or demo leaves no worker behind (Linux; elsewhere a no-op)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+
+
 class WorkerProcess:
     """One ``durable-agent worker`` process (solo pool by default: one turn at a time)."""
 
@@ -92,6 +103,7 @@ class WorkerProcess:
         pool: str = "solo",
         concurrency: int = 1,
         name: str = "worker",
+        die_with_parent: bool = False,
     ) -> None:
         inherited = {k: v for k, v in os.environ.items() if k != "CRASH_AT"}  # armed only if asked
         self.env = {**inherited, **env, "PYTHONUNBUFFERED": "1"}
@@ -99,6 +111,7 @@ class WorkerProcess:
         self.pool = pool
         self.concurrency = concurrency
         self.name = name
+        self.die_with_parent = die_with_parent
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -130,6 +143,7 @@ class WorkerProcess:
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 start_new_session=True,
+                preexec_fn=_exit_with_parent if self.die_with_parent else None,
             )
         return self
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from durable_agent.settings import Settings
-from durable_agent.testing.harness import settings_env
+from durable_agent.testing.harness import settings_env, wait_until
 
 
 def run_cli(settings: Settings, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -164,3 +165,41 @@ def test_demo_on_embedded_servers(tmp_path: Path) -> None:
     assert "read back by worker 2 instead of run again: steps 0, 1, 2" in result.stdout
     assert "repeated: 0" in result.stdout
     assert "Done: the note 'launch' was sent to ada@example.com." in result.stdout
+
+
+def _workers_started_by(pid: int) -> list[int]:
+    """Pids of worker processes whose --hostname names ``pid`` as the process that started them."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"worker" in argv and any(f"-{pid}-".encode() in arg for arg in argv):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
+def test_a_killed_eval_leaves_no_worker_behind(settings: Settings) -> None:
+    """SIGKILL the eval command while its worker runs: the worker dies with it."""
+    env = {**os.environ, **settings_env(settings)}
+    env.pop("CRASH_AT", None)
+    command = [sys.executable, "-m", "durable_agent", "eval", "heed-note", "--scripted"]
+    evaluation = subprocess.Popen(
+        [*command, "--runs", "3"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_until(lambda: _workers_started_by(evaluation.pid), 60, "the eval's first worker")
+        evaluation.send_signal(signal.SIGKILL)
+        evaluation.wait(10)
+        wait_until(
+            lambda: not _workers_started_by(evaluation.pid), 10, "its workers to die with it"
+        )
+    finally:
+        evaluation.kill()
+        evaluation.wait(10)
+        for pid in _workers_started_by(evaluation.pid):
+            os.kill(pid, signal.SIGKILL)
