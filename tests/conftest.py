@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -102,40 +103,42 @@ def services_available(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
         embedded.stop()
 
 
+@contextmanager
+def _scratch_database(prefix: str, template: str | None = None) -> Iterator[str]:
+    """A new database (empty, or cloned from ``template``), dropped afterwards; its name."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    clone = f' TEMPLATE "{template}"' if template else ""
+    with _admin() as conn:
+        conn.execute(f'CREATE DATABASE "{name}"{clone}')
+    try:
+        yield name
+    finally:
+        with _admin() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture(scope="session")
 def template_db(services_available: None) -> Iterator[str]:
-    name = f"da_template_{os.getpid()}"
-    with _admin() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    db = Database(_sqlalchemy_url(name))
-    migrate(db)
-    db.close()
-    yield name
-    with _admin() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    """One migrated database per run; each test's database is cloned from it."""
+    with _scratch_database("da_template") as name:
+        db = Database(_sqlalchemy_url(name))
+        migrate(db)
+        db.close()
+        yield name
 
 
 @pytest.fixture
 def database_url(template_db: str) -> Iterator[str]:
     """A fresh, migrated database for this test only."""
-    name = f"da_test_{uuid.uuid4().hex[:12]}"
-    with _admin() as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield _sqlalchemy_url(name)
-    with _admin() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with _scratch_database("da_test", template_db) as name:
+        yield _sqlalchemy_url(name)
 
 
 @pytest.fixture
 def empty_database_url(services_available: None) -> Iterator[str]:
     """A fresh database with no tables (for migration tests)."""
-    name = f"da_empty_{uuid.uuid4().hex[:12]}"
-    with _admin() as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield _sqlalchemy_url(name)
-    with _admin() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with _scratch_database("da_empty") as name:
+        yield _sqlalchemy_url(name)
 
 
 @pytest.fixture
