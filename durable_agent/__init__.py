@@ -19,7 +19,8 @@ from .errors import (
     TurnFailed,
     TurnNotFound,
 )
-from .journal import Step, Turn
+from .journal import Step, Turn, TurnStatus
+from .runtime import Runtime, runtime_for
 from .settings import Settings
 from .tools import Tool, tool
 
@@ -30,6 +31,7 @@ __all__ = [
     "LeaseLost",
     "ModelUnavailable",
     "ReplayDiverged",
+    "Runtime",
     "ServiceUnavailable",
     "Settings",
     "Step",
@@ -39,9 +41,11 @@ __all__ = [
     "Turn",
     "TurnFailed",
     "TurnNotFound",
+    "TurnStatus",
     "current_call",
     "get_turn",
     "run_turn",
+    "runtime_for",
     "start_turn",
     "still_claimed",
     "tool",

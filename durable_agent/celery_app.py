@@ -1,17 +1,31 @@
-"""The Celery app, configured from Settings.
+"""The Celery app of a runtime: its configuration, its tasks and its worker hooks.
 
 Redis is only the doorbell: messages carry ids, Postgres holds the truth. Delivery is
 at-least-once and duplicates are routine, so every delivery claims the turn first.
+
+The worker hooks find their runtime through the app they are called for
+(``app.durable_agent_runtime``): the start checks run in the worker's main process before it
+consumes, and the sweeper thread runs there too, never in a pool child.
 """
 
 from __future__ import annotations
 
-import threading
-from typing import Any
+import logging
+import sys
+import time
+from typing import TYPE_CHECKING, Any
 
-from celery import Celery
+from celery import Celery, Task, signals
+from celery.exceptions import Reject
 
+from .errors import DurableAgentError, ServiceUnavailable, TurnNotFound
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+    from .sweeper import SweeperThread
+
+log = logging.getLogger("durable_agent.tasks")
 
 TASK_NAME = "durable_agent.run_turn"
 SWEEP_TASK_NAME = "durable_agent.sweep"
@@ -38,24 +52,106 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_send_sent_event": True,
         "worker_hijack_root_logger": False,
         "broker_channel_error_retry": True,
+        "beat_schedule": {
+            "durable-agent-sweep": {
+                "task": SWEEP_TASK_NAME,
+                "schedule": settings.sweep_interval_seconds,
+            }
+        },
     }
 
 
-def create_app(settings: Settings) -> Celery:
+def create_app(runtime: Runtime) -> Celery:
+    """A Celery app for this runtime's broker and queue, with the tasks registered."""
     app = Celery("durable_agent", set_as_current=False)
-    app.conf.update(celery_config(settings))
+    app.conf.update(celery_config(runtime.settings))
+    app.durable_agent_runtime = runtime
+
+    @app.task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True)
+    def run_turn(self: Task, session_id: str, turn_id: str) -> str:
+        """Claim the turn in Postgres and run it; step aside if someone else holds it."""
+        return handle_delivery(runtime, turn_id)
+
+    @app.task(name=SWEEP_TASK_NAME, ignore_result=True)
+    def sweep() -> int:
+        """One sweep pass, for those who schedule it with ``celery beat`` instead."""
+        return len(runtime.sweeper().sweep_once())
+
     return app
 
 
-_apps: dict[tuple[str, str], Celery] = {}
-_apps_lock = threading.Lock()
+def handle_delivery(runtime: Runtime, turn_id: str) -> str:
+    """One delivery of ``run_turn``: what became of it, as the task's result.
+
+    No delivery schedules a later one with a countdown: a turn that must be looked at again
+    (a live claim of another worker, a deferral after a model outage) is re-sent by the
+    sweeper from Postgres when it is due. Celery's countdown messages wait unacked in a
+    worker's memory, and with kombu 5.7 on Redis such a worker dies when the broker
+    connection drops.
+    """
+    worker = runtime.turn_worker()
+    try:
+        delivery = worker.handle(turn_id)
+    except TurnNotFound:
+        log.error("delivery for unknown turn %s dropped", turn_id)
+        return "unknown turn"
+    except ServiceUnavailable as error:
+        from .worker import Delivery, Outcome
+
+        delivery = Delivery(turn_id, Outcome.INTERRUPTED, str(error))
+    if delivery.outcome == "interrupted":
+        # Postgres is unreachable: give the message back after a short pause, so the turn
+        # goes on as soon as the database is back (the claim, if any, is this worker's own).
+        log.warning("turn %s interrupted, will retry: %s", turn_id, delivery.detail)
+        time.sleep(min(2.0, runtime.settings.lease_seconds / 3))
+        raise Reject(delivery.detail, requeue=True)
+    if delivery.follow_up is not None:
+        try:
+            runtime.enqueue(*delivery.follow_up)
+        except DurableAgentError as error:
+            log.warning("could not enqueue %s (the sweeper will): %s", delivery.follow_up, error)
+    log.info("turn %s: %s %s", turn_id, delivery.outcome, delivery.detail[:200])
+    return delivery.outcome
 
 
-def app_for(settings: Settings) -> Celery:
-    """A producer app for this broker and queue (cached per process)."""
-    key = (settings.broker_url, settings.queue)
-    with _apps_lock:
-        app = _apps.get(key)
-        if app is None:
-            app = _apps[key] = create_app(settings)
-        return app
+# -- worker hooks: module-level, so they stay connected; each finds its runtime -----------
+
+
+def _runtime_of(sender: Any) -> Runtime | None:
+    app = getattr(sender, "app", None)
+    return getattr(app, "durable_agent_runtime", None)
+
+
+@signals.worker_init.connect
+def _check_before_start(sender: Any = None, **_: Any) -> None:
+    """Fail at start, with one line, when the worker could not run a turn."""
+    runtime = _runtime_of(sender)
+    if runtime is None:
+        return
+    try:
+        runtime.check_worker_start()
+    except DurableAgentError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from error
+
+
+_sweepers: dict[int, SweeperThread] = {}
+
+
+@signals.worker_ready.connect
+def _start_sweeper(sender: Any = None, **_: Any) -> None:
+    """The sweeper runs in the worker's main process (never in a pool child)."""
+    runtime = _runtime_of(sender)
+    if runtime is None or not runtime.settings.run_sweeper or id(runtime) in _sweepers:
+        return
+    from .sweeper import SweeperThread
+
+    thread = _sweepers[id(runtime)] = SweeperThread(runtime.sweeper())
+    thread.start()
+
+
+@signals.worker_shutdown.connect
+def _stop_sweeper(sender: Any = None, **_: Any) -> None:
+    runtime = _runtime_of(sender)
+    if runtime is not None and id(runtime) in _sweepers:
+        _sweepers.pop(id(runtime)).stop()

@@ -2,6 +2,14 @@
 
 Errors a user can cause (an unreachable database, an unknown turn id, a bad tools module)
 print one line and exit non-zero; a traceback means a bug in durable-agent.
+
+Exit codes: 0 success; 1 the command failed (e.g. a failed turn, an unreachable service);
+2 a usage or configuration error; 3 ``wait`` timed out; 4 no turn has that id; 130
+interrupted. ``worker`` exits with the Celery worker's own code.
+
+The commands import only what they need: ``worker`` and ``migrate`` never load the evals,
+the test servers or the terminal tables. ``eval ...`` and ``demo`` are handed to
+:mod:`durable_agent.evals.commands`, which comes with the ``evals`` extra.
 """
 
 from __future__ import annotations
@@ -14,49 +22,36 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pydantic
-from rich.table import Table
-from rich.text import Text
 
-from .console import err, out
-from .errors import DurableAgentError, TurnNotFound
-from .journal import Database, JournalStore, Step, Turn, database_for, migrate, require_current
-from .journal.migrations import current_version, latest_version
+from .errors import ConfigurationError, DurableAgentError, TurnNotFound
+from .runtime import Runtime
 from .settings import Settings
 
-
-def _error_line(text: str) -> None:
-    """One line on stderr: never wrapped at the console width, never read as rich markup."""
-    err.print(text, markup=False, soft_wrap=True)
+EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NOT_FOUND = 1, 2, 3, 4
 
 
-def _db(settings: Settings, *, migrated: bool = True) -> Database:
-    db = database_for(settings.database_url)
-    if migrated:
-        require_current(db)
-    return db
+def error_line(text: str) -> None:
+    """One line on stderr, however long, with nothing interpreted as markup."""
+    print(" ".join(text.split()), file=sys.stderr, flush=True)
 
 
-def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
-    db = _db(settings, migrated=False)
-    applied = migrate(db)
+def cmd_migrate(runtime: Runtime, args: argparse.Namespace) -> int:
+    from .journal.migrations import current_version, latest_version, migrate
+
+    applied = migrate(runtime.database)
     for migration in applied:
-        out.print(f"applied {migration.name}")
-    out.print(f"schema at version {current_version(db)} (latest {latest_version()})")
+        print(f"applied {migration.name}")
+    print(f"schema at version {current_version(runtime.database)} (latest {latest_version()})")
     return 0
 
 
-def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
+def cmd_worker(runtime: Runtime, args: argparse.Namespace) -> int:
     from celery import signals
 
-    _db(settings)
-    from .tasks import app, turn_worker
-
-    tools = turn_worker().tools  # the tools module and the model settings, checked up front
-    if not settings.tool_modules:
-        err.print("warning: DURABLE_AGENT_TOOLS is empty; the model gets no tools")
-
-    labels = ", ".join(f"{t.name} ({t.replay})" for t in tools) or "none"
-    err.print(f"durable-agent worker: queue {settings.queue!r}, tools: {labels}")
+    settings = runtime.settings
+    runtime.check_worker_start()
+    labels = ", ".join(f"{t.name} ({t.replay})" for t in runtime.tools)
+    print(f"durable-agent worker: queue {settings.queue!r}, tools: {labels}", file=sys.stderr)
     argv = ["worker", "--queues", settings.queue, "--loglevel", args.loglevel, *args.celery_args]
     # worker_main() drops the worker's exit code; a worker that stops on an unrecoverable
     # error must exit non-zero, so that a supervisor restarts it.
@@ -66,114 +61,93 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
         exit_codes.append(int(getattr(sender, "exitcode", None) or 0))
 
     signals.worker_shutdown.connect(remember_exit_code, weak=False)
-    app.worker_main(argv)
+    runtime.celery.worker_main(argv)
     return exit_codes[-1] if exit_codes else 0
 
 
-def cmd_sweep(settings: Settings, args: argparse.Namespace) -> int:
-    from .sweeper import Sweeper
-
-    sent = Sweeper(settings, _db(settings)).sweep_once()
+def cmd_sweep(runtime: Runtime, args: argparse.Namespace) -> int:
+    runtime.require_schema()
+    sent = runtime.sweeper().sweep_once()
     for _, turn_id, why in sent:
-        out.print(f"enqueued {turn_id} ({why})")
-    out.print(f"{len(sent)} turn(s) enqueued")
+        print(f"enqueued {turn_id} ({why})")
+    print(f"{len(sent)} turn(s) enqueued")
     return 0
 
 
-def cmd_submit(settings: Settings, args: argparse.Namespace) -> int:
-    from .client import start_turn
-
-    _db(settings)
-    turn_id = start_turn(args.session, args.message, turn_id=args.turn_id, settings=settings)
-    out.print(turn_id)
+def cmd_submit(runtime: Runtime, args: argparse.Namespace) -> int:
+    runtime.require_schema()
+    print(runtime.start_turn(args.session, args.message, turn_id=args.turn_id))
     return 0
 
 
-def cmd_wait(settings: Settings, args: argparse.Namespace) -> int:
-    from .client import wait_for_turn
-
-    _db(settings)
+def cmd_wait(runtime: Runtime, args: argparse.Namespace) -> int:
+    runtime.require_schema()
     try:
-        turn = wait_for_turn(args.turn_id, args.timeout, settings=settings)
+        turn = runtime.wait_for_turn(args.turn_id, args.timeout)
     except TimeoutError as error:
-        _error_line(f"error: {error}")
-        return 3
+        error_line(f"error: {error}")
+        return EXIT_TIMEOUT
     if turn.status == "done":
-        out.print(turn.reply or "", markup=False)
+        print(turn.reply or "")
         return 0
-    _error_line(f"error: turn {turn.turn_id} failed: {turn.error}")
-    return 1
+    error_line(f"error: turn {turn.turn_id} failed: {turn.error}")
+    return EXIT_FAILED
 
 
-def cmd_journal(settings: Settings, args: argparse.Namespace) -> int:
-    store = JournalStore(_db(settings))
-    store.get_turn(args.turn_id)  # an unknown id is an error, not an empty journal
-    steps = store.load_journal(args.turn_id)
+def cmd_journal(runtime: Runtime, args: argparse.Namespace) -> int:
+    runtime.require_schema()
+    runtime.journal.get_turn(args.turn_id)  # an unknown id is an error, not an empty journal
+    steps = runtime.journal.load_journal(args.turn_id)
     if args.json:
         print(json.dumps([s.as_json() for s in steps], indent=2, ensure_ascii=False))
     else:
+        from .console import out
+        from .tables import journal_table
+
         out.print(journal_table(steps, title=f"journal of {args.turn_id}"))
     return 0
 
 
-def cmd_turns(settings: Settings, args: argparse.Namespace) -> int:
-    store = JournalStore(_db(settings))
-    turns = store.list_turns(args.session, limit=args.limit)
+def cmd_turns(runtime: Runtime, args: argparse.Namespace) -> int:
+    runtime.require_schema()
+    turns = runtime.journal.list_turns(args.session, limit=args.limit)
     if args.json:
-        print(json.dumps([turn_json(t) for t in turns], indent=2, ensure_ascii=False))
+        print(json.dumps([t.as_json() for t in turns], indent=2, ensure_ascii=False))
     else:
+        from .console import out
+        from .tables import turns_table
+
         out.print(turns_table(turns))
     return 0
 
 
-def turn_json(t: Turn) -> dict[str, Any]:
-    return {
-        "turn_id": t.turn_id,
-        "session_id": t.session_id,
-        "seq": t.seq,
-        "status": t.status,
-        "message": t.message,
-        "reply": t.reply,
-        "error": t.error,
-        "attempts": t.attempts,
-        "crashes": t.crashes,
-        "lease_epoch": t.lease_epoch,
-        "created_at": t.created_at.isoformat(),
-        "finished_at": t.finished_at.isoformat() if t.finished_at else None,
-    }
+def cmd_replay(runtime: Runtime, args: argparse.Namespace) -> int:
+    from .replay import replay_turn
+
+    runtime.require_schema()
+    report = replay_turn(runtime, args.turn_id)
+    print(
+        json.dumps(report.to_json(), indent=2, ensure_ascii=False)
+        if args.json
+        else report.describe()
+    )
+    return 0 if report.ok else EXIT_FAILED
 
 
-def journal_table(steps: Sequence[Step], title: str = "journal") -> Table:
-    table = Table(title=title, title_justify="left")
-    for column in ("step", "kind", "name", "replay", "status", "epoch", "outcome"):
-        table.add_column(column, overflow="fold")
-    for s in steps:
-        cells = (str(s.step), s.kind, s.name, s.replay or "-", s.status, str(s.epoch), s.summary())
-        table.add_row(*(Text(cell) for cell in cells))  # recorded text is never rich markup
-    return table
+def cmd_evals(runtime: Runtime, args: argparse.Namespace) -> int:
+    try:
+        from .evals.commands import main as evals_main
+    except ImportError as error:
+        raise ConfigurationError(
+            f"the evals need the 'evals' extra: pip install 'durable-agent[evals]' ({error})"
+        ) from error
+    return evals_main(runtime.settings, args.eval_argv)
 
 
-def turns_table(turns: Sequence[Turn]) -> Table:
-    table = Table(title="turns", title_justify="left")
-    for column in ("turn", "session", "#", "status", "attempts", "crashes", "reply / error"):
-        table.add_column(column, overflow="fold")
-    for t in turns:
-        text = t.reply if t.status == "done" else (t.error or "")
-        text = " ".join((text or "").split())
-        cells = (
-            t.turn_id,
-            t.session_id,
-            str(t.seq),
-            t.status,
-            str(t.attempts),
-            str(t.crashes),
-            text[:80],
-        )
-        table.add_row(*(Text(cell) for cell in cells))
-    return table
+_HANDED_ON = ("eval", "demo")  # their arguments are parsed by durable_agent.evals.commands
 
 
-Command = Callable[[Settings, argparse.Namespace], int]
+Command = Callable[[Runtime, argparse.Namespace], int]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -214,15 +188,25 @@ def build_parser() -> argparse.ArgumentParser:
     turns.add_argument("--limit", type=int, default=50)
     turns.add_argument("--json", action="store_true")
 
-    from .evals.commands import register
+    replay = add("replay", cmd_replay, "replay a done turn with the model switched off")
+    replay.add_argument("turn_id")
+    replay.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    register(commands, add)
+    add("eval", cmd_evals, "the evals of the pattern: crash-matrix, heed-note, two-workers, replay")
+    add("demo", cmd_evals, "run a turn, kill its worker mid-way, watch another worker finish it")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    command_at = next((i for i, arg in enumerate(argv) if not arg.startswith("-")), len(argv))
+    if command_at < len(argv) and argv[command_at] in _HANDED_ON:
+        args = parser.parse_args(argv[: command_at + 1])
+        args.eval_argv = argv[command_at:]
+        extra: list[str] = []
+    else:
+        args, extra = parser.parse_known_args(argv)
     if extra and args.command != "worker":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.celery_args = extra
@@ -231,20 +215,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        settings = Settings()
-        code: int = args.func(settings, args)
+        runtime = Runtime(Settings())
+        code: int = args.func(runtime, args)
         return code
     except pydantic.ValidationError as error:
         first = error.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
-        _error_line(f"error: bad setting DURABLE_AGENT_{field.upper()}: {first['msg']}")
-        return 2
+        error_line(f"error: bad setting DURABLE_AGENT_{field.upper()}: {first['msg']}")
+        return EXIT_USAGE
     except TurnNotFound as error:
-        _error_line(f"error: {error}")
-        return 4
+        error_line(f"error: {error}")
+        return EXIT_NOT_FOUND
+    except ConfigurationError as error:
+        error_line(f"error: {error}")
+        return EXIT_USAGE
     except DurableAgentError as error:
-        _error_line(f"error: {error}")
-        return 1
+        error_line(f"error: {error}")
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
 

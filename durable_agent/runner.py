@@ -26,8 +26,8 @@ from .context import CallContext, bind_call
 from .errors import ReplayDiverged, StepLimitReached
 from .faults import Faults
 from .journal.codec import digest, dumps
-from .journal.records import Step
-from .journal.store import JournalStore
+from .journal.protocol import TurnJournal
+from .journal.records import Replay, Step
 from .tools import Tool, ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -55,26 +55,22 @@ class StepRunner:
 
     def __init__(
         self,
+        journal: TurnJournal,
         *,
-        store: JournalStore,
-        turn_id: str,
-        epoch: int,
-        journal: list[Step],
         tools: ToolRegistry,
         guard: Guard,
         faults: Faults | None = None,
         max_steps: int = 64,
         strict: bool = False,
     ) -> None:
-        self.store = store
-        self.turn_id = turn_id
-        self.epoch = epoch
+        self.journal = journal
+        self.turn_id = journal.turn_id
         self.tools = tools
         self.guard = guard
         self.faults = faults or Faults()
         self.max_steps = max_steps
         self.strict = strict
-        self.recorded = {row.step: row for row in journal}
+        self.recorded = {row.step: row for row in journal.steps()}
         self.next_step = 0
         self.read_back: list[int] = []
         self.executed: list[int] = []
@@ -107,15 +103,13 @@ class StepRunner:
             return _canonical(row.output)
         if row is None:
             self.guard.check()
-            self.store.insert_intent(
-                self.turn_id, self.epoch, step, "model", MODEL_STEP_NAME, intent, "safe"
-            )
+            self.journal.insert_intent(step, "model", MODEL_STEP_NAME, intent, "safe")
         else:
             self.guard.check()
         self.faults.maybe_crash(step, "before_run")
         output = _canonical(call(request))
         self.faults.maybe_crash(step, "after_run")
-        self.store.record_outcome(self.turn_id, self.epoch, step, output)
+        self.journal.record_outcome(step, output)
         self.executed.append(step)
         return output
 
@@ -140,7 +134,7 @@ class StepRunner:
             intent = dict(row.input)
             output = _uncertain_result(name, intent)
             self.guard.check()
-            self.store.record_outcome(self.turn_id, self.epoch, step, output)
+            self.journal.record_outcome(step, output)
             self.executed.append(step)
             self._remember_uncertain(name, intent, output)
             return str(output["content"])
@@ -160,14 +154,14 @@ class StepRunner:
             key = self._idempotency_key(step, name, arguments)
             intent = {"arguments": arguments, "tool_call_id": call_id, "idempotency_key": key}
             self.guard.check()
-            self.store.insert_intent(self.turn_id, self.epoch, step, "tool", name, intent, t.replay)
+            self.journal.insert_intent(step, "tool", name, intent, t.replay)
             if t.replay == "never":
                 self.guard.check()  # the intent is durable; the claim must still hold to act
 
         self.faults.maybe_crash(step, "before_run", name)
         output = self._invoke(t, step, intent)
         self.faults.maybe_crash(step, "after_run", name)
-        self.store.record_outcome(self.turn_id, self.epoch, step, output)
+        self.journal.record_outcome(step, output)
         self.executed.append(step)
         self._remember_uncertain(name, intent, output)
         return str(output["content"])
@@ -196,16 +190,14 @@ class StepRunner:
         row: Step | None,
         name: str,
         intent: dict[str, Any],
-        replay: str | None,
+        replay: Replay | None,
         output: dict[str, Any],
     ) -> None:
         self.guard.check()
         if row is None:
-            self.store.insert_done(
-                self.turn_id, self.epoch, step, "tool", name, intent, replay, output
-            )
+            self.journal.insert_done(step, "tool", name, intent, replay, output)
         else:
-            self.store.record_outcome(self.turn_id, self.epoch, step, output)
+            self.journal.record_outcome(step, output)
         self.executed.append(step)
 
     def _idempotency_key(self, step: int, name: str, arguments: dict[str, Any]) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -17,7 +17,7 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="DURABLE_AGENT_", extra="ignore", frozen=True)
 
-    database_url: str = "postgresql+psycopg://root@127.0.0.1:5432/root"
+    database_url: str = "postgresql://root@127.0.0.1:5432/root"
     broker_url: str = "redis://127.0.0.1:6379/0"
     queue: str = "durable-agent"
     tools: str = Field(default="", description="comma-separated modules that define the tools")
@@ -54,14 +54,6 @@ class Settings(BaseSettings):
     visibility_timeout_seconds: int = Field(default=3600, ge=1)
 
     blob_threshold_bytes: int = Field(default=16 * 1024, ge=256)
-
-    @field_validator("database_url")
-    @classmethod
-    def _use_psycopg3(cls, url: str) -> str:
-        for prefix in ("postgresql://", "postgres://"):
-            if url.startswith(prefix):
-                return "postgresql+psycopg://" + url[len(prefix) :]
-        return url
 
     @property
     def tool_modules(self) -> list[str]:

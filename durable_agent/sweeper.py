@@ -24,84 +24,47 @@ from __future__ import annotations
 
 import logging
 import threading
-
-from sqlalchemy import bindparam, text
+from typing import TYPE_CHECKING
 
 from .errors import DurableAgentError
-from .journal import Database, JournalStore, Leases
 from .queue import send
-from .settings import Settings
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
 log = logging.getLogger(__name__)
 
 _LOCK_KEY = 0x73776565  # "swee"
 
-_DUE = text(
-    """
-SELECT t.session_id, t.turn_id,
-       CASE WHEN t.enqueued_at IS NULL THEN 'never enqueued'
-            WHEN t.lease_owner IS NOT NULL AND t.lease_expires_at <= now() THEN 'claim expired'
-            WHEN t.not_before IS NOT NULL AND t.enqueued_at < t.not_before THEN 'deferral due'
-            ELSE 'message may be lost' END AS why
-FROM turns AS t
-WHERE t.status IN ('queued', 'running')
-  AND (t.lease_owner IS NULL OR t.lease_expires_at <= now())
-  AND (t.not_before IS NULL OR t.not_before <= now())
-  AND (
-        (t.enqueued_at IS NULL AND t.created_at <= now() - make_interval(secs => :grace))
-     OR (t.lease_owner IS NOT NULL AND t.lease_expires_at <= now()
-         AND (t.enqueued_at IS NULL OR t.enqueued_at <= t.lease_expires_at))
-     OR (t.not_before IS NOT NULL AND t.enqueued_at < t.not_before)
-     OR (t.enqueued_at <= now() - make_interval(secs => :requeue_after))
-  )
-  AND NOT EXISTS (
-      SELECT 1 FROM turns AS earlier
-      WHERE earlier.session_id = t.session_id AND earlier.seq < t.seq
-        AND earlier.status IN ('queued', 'running'))
-ORDER BY t.created_at
-LIMIT :batch
-"""
-)
-
-_MARK = text("UPDATE turns SET enqueued_at = now() WHERE turn_id IN :ids").bindparams(
-    bindparam("ids", expanding=True)
-)
-
 
 class Sweeper:
     """One pass at a time across the fleet; ``sweep_once`` returns the turns it re-enqueued."""
 
-    def __init__(self, settings: Settings, db: Database, *, batch: int = 500) -> None:
-        self.settings = settings
-        self.db = db
+    def __init__(self, runtime: Runtime, *, batch: int = 500) -> None:
+        self.runtime = runtime
+        self.settings = runtime.settings
         self.batch = batch
-        self.grace_seconds = min(5.0, settings.requeue_after_seconds)
-        self.leases = Leases(
-            db, JournalStore(db), end_dead_local_claims=settings.end_dead_local_claims
-        )
+        self.grace_seconds = min(5.0, self.settings.requeue_after_seconds)
 
     def sweep_once(self) -> list[tuple[str, str, str]]:
-        self.leases.end_dead_local_holders()  # their turns are then due as 'claim expired'
-        with self.db.transaction() as conn:
-            if not conn.execute(
-                text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": _LOCK_KEY}
-            ).scalar():
+        runtime = self.runtime
+        runtime.leases.end_dead_local_holders()  # their turns are then due as 'claim expired'
+        with runtime.database.transaction() as tx:
+            if not tx.value("try_sweep_lock", key=_LOCK_KEY):
                 return []
-            rows = conn.execute(
-                _DUE,
-                {
-                    "grace": self.grace_seconds,
-                    "requeue_after": self.settings.requeue_after_seconds,
-                    "batch": self.batch,
-                },
-            ).all()
+            rows = tx.run(
+                "due_turns",
+                grace=self.grace_seconds,
+                requeue_after=self.settings.requeue_after_seconds,
+                batch=self.batch,
+            )
             sent = []
-            for session_id, turn_id, why in rows:
-                send(self.settings, session_id, turn_id)
-                sent.append((session_id, turn_id, why))
-                log.info("sweeper enqueued %s (%s)", turn_id, why)
+            for row in rows:
+                send(runtime, row["session_id"], row["turn_id"])
+                sent.append((row["session_id"], row["turn_id"], row["why"]))
+                log.info("sweeper enqueued %s (%s)", row["turn_id"], row["why"])
             if sent:
-                conn.execute(_MARK, {"ids": [turn_id for _, turn_id, _ in sent]})
+                tx.run("mark_enqueued", turn_ids=[turn_id for _, turn_id, _ in sent])
         return sent
 
 

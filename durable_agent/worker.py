@@ -2,8 +2,8 @@
 
 Every delivery first claims the turn in Postgres. A delivery that finds the turn finished
 does nothing; one that finds a live claim of another worker (or an earlier turn of the
-session still open) does not run now and says when to look again, so a turn whose worker
-died is never left without a message.
+session still open) does not run it: the sweeper re-sends the turn from Postgres when it is
+due, so a turn whose worker died is never left without a message.
 """
 
 from __future__ import annotations
@@ -11,20 +11,33 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
 from .agent import initial_messages, run_agent
 from .errors import LeaseLost, ModelUnavailable, ServiceUnavailable, TurnFailed
 from .faults import Faults
 from .heartbeat import Heartbeat
-from .journal import Database, JournalStore, Leases, Refusal, database_for, worker_identity
+from .journal import Refusal, worker_identity
 from .journal.records import Claim
-from .model import ModelClient
 from .runner import StepRunner
-from .settings import Settings
-from .tools import ToolRegistry, load_tools
+from .tools import ToolRegistry
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
 log = logging.getLogger(__name__)
+
+
+class Outcome(StrEnum):
+    """What became of one delivery."""
+
+    DONE = "done"  # the turn finished with a reply
+    FAILED = "failed"  # the turn ended as failed, with the reason
+    REFUSED = "refused"  # not run: finished, held by another worker, waiting or deferred
+    DEFERRED = "deferred"  # the model API kept failing; the turn runs again after a backoff
+    LOST = "lost"  # another worker took the turn over mid-run; this one stopped
+    INTERRUPTED = "interrupted"  # Postgres could not be reached; the message goes back
 
 
 @dataclass
@@ -32,9 +45,8 @@ class Delivery:
     """What became of one delivery, and what the caller should enqueue."""
 
     turn_id: str
-    outcome: str  # done | failed | refused | deferred | lost | interrupted
+    outcome: Outcome
     detail: str = ""
-    retry_in: float | None = None  # when looking again can help (the sweeper re-sends then)
     follow_up: tuple[str, str] | None = None  # (session_id, turn_id) to enqueue now
     read_back: list[int] = field(default_factory=list)
     executed: list[int] = field(default_factory=list)
@@ -45,32 +57,25 @@ class TurnWorker:
 
     def __init__(
         self,
-        settings: Settings,
+        runtime: Runtime,
         *,
-        db: Database | None = None,
         tools: ToolRegistry | None = None,
         model: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         faults: Faults | None = None,
     ) -> None:
-        self.settings = settings
-        self.db = db or database_for(settings.database_url)
-        self.store = JournalStore(self.db, blob_threshold=settings.blob_threshold_bytes)
-        self.leases = Leases(
-            self.db, self.store, end_dead_local_claims=settings.end_dead_local_claims
-        )
-        if tools is None:
-            tools = load_tools(settings.tool_modules, settings.label_overrides)
-            for name, label in settings.label_overrides.items():
-                log.warning("tool %s relabelled %r by DURABLE_AGENT_TOOL_LABELS", name, label)
-        self.tools = tools
-        self.model = model or ModelClient(settings)
+        self.runtime = runtime
+        self.settings = runtime.settings
+        self.store = runtime.journal
+        self.leases = runtime.leases
+        self.tools = tools if tools is not None else runtime.tools
+        self.model = model if model is not None else runtime.model
         self.faults = faults if faults is not None else Faults.from_env()
 
     def handle(self, turn_id: str) -> Delivery:
         claim = self.leases.claim(turn_id, worker_identity(), self.settings.lease_seconds)
         if isinstance(claim, Refusal):
             log.info("delivery of %s not run: %s", turn_id, claim.detail)
-            return Delivery(turn_id, "refused", claim.detail, retry_in=claim.retry_in)
+            return Delivery(turn_id, Outcome.REFUSED, claim.detail)
         if claim.turn.crashes >= self.settings.max_crashes:
             return self._give_up(claim)
         return self._run(claim)
@@ -78,15 +83,12 @@ class TurnWorker:
     def _run(self, claim: Claim) -> Delivery:
         turn = claim.turn
         settings = self.settings
-        delivery = Delivery(turn.turn_id, "done")
+        delivery = Delivery(turn.turn_id, Outcome.DONE)
         runner: StepRunner | None = None
         with Heartbeat(self.leases, turn.turn_id, claim.epoch, settings.lease_seconds) as beat:
             try:
                 runner = StepRunner(
-                    store=self.store,
-                    turn_id=turn.turn_id,
-                    epoch=claim.epoch,
-                    journal=self.store.load_journal(turn.turn_id),
+                    self.store.for_claim(turn.turn_id, claim.epoch),
                     tools=self.tools,
                     guard=beat,
                     faults=self.faults,
@@ -110,17 +112,17 @@ class TurnWorker:
                 delivery.detail = reply
             except LeaseLost as error:
                 log.warning("stopping turn %s: %s", turn.turn_id, error)
-                delivery.outcome, delivery.detail = "lost", str(error)
+                delivery.outcome, delivery.detail = Outcome.LOST, str(error)
                 return delivery
             except ModelUnavailable as error:
                 delay = min(settings.retry_backoff_max_seconds, 2.0 ** min(turn.attempts, 10))
                 log.warning("turn %s: %s; retrying in %.0fs", turn.turn_id, error, delay)
                 self.leases.release(turn.turn_id, claim.epoch, delay, f"{error} (will retry)")
-                delivery.outcome, delivery.detail, delivery.retry_in = "deferred", str(error), delay
+                delivery.outcome, delivery.detail = Outcome.DEFERRED, str(error)
                 return delivery
             except ServiceUnavailable as error:
                 log.warning("turn %s interrupted: %s", turn.turn_id, error)
-                delivery.outcome, delivery.detail = "interrupted", str(error)
+                delivery.outcome, delivery.detail = Outcome.INTERRUPTED, str(error)
                 return delivery
             except Exception as error:  # TurnFailed, or a bug: end the turn with the reason
                 if not isinstance(error, TurnFailed):
@@ -132,7 +134,7 @@ class TurnWorker:
                 )
                 log.error("turn %s failed: %s", turn.turn_id, reason)
                 self.leases.fail(turn.turn_id, claim.epoch, reason)
-                delivery.outcome, delivery.detail = "failed", reason
+                delivery.outcome, delivery.detail = Outcome.FAILED, reason
             finally:
                 if runner is not None:
                     delivery.read_back, delivery.executed = runner.read_back, runner.executed
@@ -151,7 +153,7 @@ class TurnWorker:
         self.leases.fail(turn.turn_id, claim.epoch, reason)
         return Delivery(
             turn.turn_id,
-            "failed",
+            Outcome.FAILED,
             reason,
             follow_up=self.store.next_turn_in_session(turn.session_id, turn.seq),
         )

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import psycopg
@@ -20,6 +20,7 @@ import redis
 
 from durable_agent.embedded import EmbeddedServices, postgres_binaries, redis_server_binary
 from durable_agent.journal import Database, JournalStore, Leases, migrate
+from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
 from durable_agent.testing.harness import WorkerProcess, forget_queue, settings_env
 
@@ -29,12 +30,12 @@ ADMIN_URL = os.environ.get(
 REDIS_URL = os.environ.get("DURABLE_AGENT_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
 
-def _sqlalchemy_url(dbname: str) -> str:
+def _database_url(dbname: str) -> str:
     info = psycopg.conninfo.conninfo_to_dict(ADMIN_URL)
     user = info.get("user", "root")
     host = info.get("host", "127.0.0.1")
     port = info.get("port", 5432)
-    return f"postgresql+psycopg://{user}@{host}:{port}/{dbname}"
+    return f"postgresql://{user}@{host}:{port}/{dbname}"
 
 
 def embedded_available() -> bool:
@@ -80,9 +81,7 @@ def services_available(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
         )
         embedded.start()
         if pg_error:
-            ADMIN_URL = (
-                embedded.database_url.replace("+psycopg", "").rsplit("/", 1)[0] + "/postgres"
-            )
+            ADMIN_URL = embedded.database_url.rsplit("/", 1)[0] + "/postgres"
             pg_error = None
         if redis_error:
             REDIS_URL, redis_error = embedded.broker_url, None
@@ -121,7 +120,7 @@ def _scratch_database(prefix: str, template: str | None = None) -> Iterator[str]
 def template_db(services_available: None) -> Iterator[str]:
     """One migrated database per run; each test's database is cloned from it."""
     with _scratch_database("da_template") as name:
-        db = Database(_sqlalchemy_url(name))
+        db = Database(_database_url(name))
         migrate(db)
         db.close()
         yield name
@@ -131,14 +130,21 @@ def template_db(services_available: None) -> Iterator[str]:
 def database_url(template_db: str) -> Iterator[str]:
     """A fresh, migrated database for this test only."""
     with _scratch_database("da_test", template_db) as name:
-        yield _sqlalchemy_url(name)
+        yield _database_url(name)
 
 
 @pytest.fixture
 def empty_database_url(services_available: None) -> Iterator[str]:
     """A fresh database with no tables (for migration tests)."""
     with _scratch_database("da_empty") as name:
-        yield _sqlalchemy_url(name)
+        yield _database_url(name)
+
+
+@pytest.fixture
+def new_database(services_available: None) -> Iterator[Callable[[], str]]:
+    """Make more empty databases for this test (dropped at its end); each call gives a URL."""
+    with ExitStack() as stack:
+        yield lambda: _database_url(stack.enter_context(_scratch_database("da_extra")))
 
 
 @pytest.fixture
@@ -166,10 +172,16 @@ def settings(database_url: str) -> Iterator[Settings]:
 
 
 @pytest.fixture
-def db(settings: Settings) -> Iterator[Database]:
-    database = Database(settings.database_url)
-    yield database
-    database.close()
+def runtime(settings: Settings) -> Iterator[Runtime]:
+    """The runtime of this test's settings (its database, queue, claims, sweeper)."""
+    test_runtime = Runtime(settings)
+    yield test_runtime
+    test_runtime.close()
+
+
+@pytest.fixture
+def db(runtime: Runtime) -> Database:
+    return runtime.database
 
 
 @pytest.fixture
@@ -178,8 +190,37 @@ def store(db: Database) -> JournalStore:
 
 
 @pytest.fixture
-def leases(db: Database, store: JournalStore) -> Leases:
-    return Leases(db, store)
+def leases(runtime: Runtime) -> Leases:
+    return runtime.leases
+
+
+@pytest.fixture
+def pg(database_url: str) -> Iterator[psycopg.Connection]:
+    """A plain connection to this test's database, for SQL a test runs itself."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        yield conn
+
+
+class DatabaseClock:
+    """Moves the clock of this test's database (``durable_agent_now()``) forward, so that a
+    lease, a deferral or a grace period runs out without waiting for it."""
+
+    def __init__(self, conn: psycopg.Connection) -> None:
+        self.conn = conn
+        self.offset = 0.0
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+        self.conn.execute(
+            "CREATE OR REPLACE FUNCTION durable_agent_now() RETURNS timestamptz "
+            "LANGUAGE sql STABLE PARALLEL SAFE "
+            f"AS $$ SELECT now() + interval '{self.offset:.6f} seconds' $$"
+        )
+
+
+@pytest.fixture
+def clock(pg: psycopg.Connection) -> DatabaseClock:
+    return DatabaseClock(pg)
 
 
 @pytest.fixture

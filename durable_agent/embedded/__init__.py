@@ -87,7 +87,7 @@ def default_data_dir() -> Path:
 class EmbeddedServices:
     """An embedded Postgres and/or Redis under ``data_dir``; use as a context manager.
 
-    ``database_url`` (SQLAlchemy 2 + psycopg 3) and ``broker_url`` (Celery/kombu) are
+    ``database_url`` (psycopg 3) and ``broker_url`` (Celery/kombu) are
     valid between start() and stop().
     """
 
@@ -126,7 +126,7 @@ class EmbeddedServices:
     def database_url(self) -> str:
         if self._postgres.proc is None or self._postgres.port is None:
             raise EmbeddedServiceError("the embedded Postgres is not running")
-        return f"postgresql+psycopg://{POSTGRES_USER}@127.0.0.1:{self._postgres.port}/{DATABASE}"
+        return f"postgresql://{POSTGRES_USER}@127.0.0.1:{self._postgres.port}/{DATABASE}"
 
     @property
     def broker_url(self) -> str:

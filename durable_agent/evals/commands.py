@@ -54,7 +54,7 @@ def cmd_crash_matrix(settings: Settings, args: argparse.Namespace) -> int:
             settings,
             work_dir=Path(work),
             policy="email",
-            tools="workers.email_tools",
+            tools="durable_agent_examples.email_tools",
             lease_seconds=args.lease_seconds,
             sweep_interval_seconds=args.sweep_interval,
             data_dir=Path(args.data_dir) if args.data_dir else None,
@@ -136,32 +136,18 @@ def matrix_table(report: MatrixReport) -> Table:
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
-    from ..journal import JournalStore, database_for, require_current
-    from .replay import replay_turn
+    from ..replay import replay_turn
+    from ..runtime import Runtime
 
-    db = database_for(settings.database_url)
-    require_current(db)
-    report = replay_turn(JournalStore(db), settings, args.turn_id)
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
-    elif report.ok:
-        out.print(
-            f"[green]replayed[/] {report.turn_id}: {report.steps_replayed} steps read back, "
-            f"{report.model_calls} model calls, same reply:\n{report.replayed_reply}"
-        )
-    else:
-        out.print(
-            f"[red]diverged[/] {report.turn_id} at step {report.diverged_at}: {report.reason} "
-            f"({report.model_calls} model calls attempted, "
-            f"{report.steps_replayed}/{report.steps_in_journal} steps)"
-        )
+    runtime = Runtime(settings)
+    runtime.require_schema()
+    report = replay_turn(runtime, args.turn_id)
+    print(
+        json.dumps(report.to_json(), indent=2, ensure_ascii=False)
+        if args.json
+        else report.describe()
+    )
     return 0 if report.ok else 1
-
-
-def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(func=cmd_replay)
-    parser.add_argument("turn_id")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def cmd_heed_note(settings: Settings, args: argparse.Namespace) -> int:
@@ -173,7 +159,7 @@ def cmd_heed_note(settings: Settings, args: argparse.Namespace) -> int:
             settings,
             work_dir=Path(work),
             policy=args.policy,
-            tools="workers.payments_tools",
+            tools="durable_agent_examples.payments_tools",
             real_model=real,
             data_dir=Path(args.data_dir) if args.data_dir else None,
         )
@@ -218,7 +204,7 @@ def cmd_two_workers(settings: Settings, args: argparse.Namespace) -> int:
             settings,
             work_dir=Path(work),
             policy="refund",
-            tools="workers.payments_tools",
+            tools="durable_agent_examples.payments_tools",
             lease_seconds=args.lease_seconds,
             data_dir=Path(args.data_dir) if args.data_dir else None,
         )
@@ -243,7 +229,7 @@ def cmd_two_workers(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
-    from ..cli import journal_table
+    from ..tables import journal_table
     from .demo import run_demo
 
     real = bool(settings.openai_base_url or settings.openai_api_key) and not args.scripted
@@ -280,8 +266,10 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def register(commands: Any, add: Any) -> None:
-    """Add ``eval`` and its subcommands to the main parser."""
+def build_parser() -> argparse.ArgumentParser:
+    """``durable-agent eval ...`` and ``durable-agent demo``."""
+    parser = argparse.ArgumentParser(prog="durable-agent")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     evals = commands.add_parser("eval", help="the evals of the pattern (crash matrix, ...)")
     kinds = evals.add_subparsers(dest="eval", required=True, metavar="EVAL")
 
@@ -294,13 +282,10 @@ def register(commands: Any, add: Any) -> None:
         "--scripted", action="store_true", help="use the scripted model even if OPENAI_* is set"
     )
 
-    add_replay_arguments(
-        kinds.add_parser("replay", help="replay a done turn with the model switched off")
-    )
-    add_replay_arguments(
-        commands.add_parser("replay", help="replay a done turn with the model switched off")
-    )
-
+    replay = kinds.add_parser("replay", help="replay a done turn with the model switched off")
+    replay.set_defaults(func=cmd_replay)
+    replay.add_argument("turn_id")
+    replay.add_argument("--json", action="store_true", help="print the report as JSON")
     matrix = kinds.add_parser(
         "crash-matrix",
         help="crash a real worker before and after every step; count repeats and emails",
@@ -344,3 +329,11 @@ def register(commands: Any, add: Any) -> None:
     )
     heed.add_argument("--json", metavar="PATH")
     heed.add_argument("--data-dir")
+    return parser
+
+
+def main(settings: Settings, argv: list[str]) -> int:
+    """Run ``eval ...`` or ``demo`` (``argv`` starts with the command's name)."""
+    args = build_parser().parse_args(argv)
+    code: int = args.func(settings, args)
+    return code

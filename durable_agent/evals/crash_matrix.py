@@ -17,9 +17,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..client import start_turn, wait_for_turn
 from ..faults import POINTS
-from ..journal import Database, JournalStore, Step
+from ..journal import JournalStore, Step
 from .stack import EvalStack, crash_and_recover
 
 MESSAGE = "Email the note 'launch' to ada@example.com"
@@ -99,43 +98,39 @@ def run_crash_matrix(
     timeout: float = 60.0,
 ) -> MatrixReport:
     """Run the clean turn, then every (step, point); the stack must use the email policy."""
-    settings = stack.settings
+    settings, runtime = stack.settings, stack.runtime
     model, inbox = stack.model, stack.inbox
     assert model is not None, "the crash matrix needs the scripted model (it counts requests)"
-    db = Database(settings.database_url)
-    store = JournalStore(db)
+    store = runtime.journal
     run_id = uuid.uuid4().hex[:8]
-    try:
-        progress("clean run", 0, 1)
-        worker = stack.start_worker(f"clean-{run_id}")
-        model.reset_counts()
-        inbox.clear()
-        clean_id = start_turn(f"crash-matrix-{run_id}-clean", message, settings=settings)
-        clean = wait_for_turn(clean_id, timeout, settings=settings)
-        worker.stop()
-        if clean.status != "done":
-            raise RuntimeError(f"the clean turn failed: {clean.error}")
-        steps = store.load_journal(clean_id)
-        report = MatrixReport(
-            message=message,
-            clean_reply=clean.reply or "",
-            clean_steps=[describe(s) for s in steps],
-            clean_model_requests=model.request_count,
-            relabel=relabel or {},
-            lease_seconds=settings.lease_seconds,
-            sweep_interval_seconds=settings.sweep_interval_seconds,
-            notes=list(stack.notes),
+    progress("clean run", 0, 1)
+    worker = stack.start_worker(f"clean-{run_id}")
+    model.reset_counts()
+    inbox.clear()
+    clean_id = runtime.start_turn(f"crash-matrix-{run_id}-clean", message)
+    clean = runtime.wait_for_turn(clean_id, timeout)
+    worker.stop()
+    if clean.status != "done":
+        raise RuntimeError(f"the clean turn failed: {clean.error}")
+    steps = store.load_journal(clean_id)
+    report = MatrixReport(
+        message=message,
+        clean_reply=clean.reply or "",
+        clean_steps=[describe(s) for s in steps],
+        clean_model_requests=model.request_count,
+        relabel=relabel or {},
+        lease_seconds=settings.lease_seconds,
+        sweep_interval_seconds=settings.sweep_interval_seconds,
+        notes=list(stack.notes),
+    )
+    total = len(steps) * len(POINTS)
+    for index, (step, point) in enumerate((s, p) for s in steps for p in POINTS):
+        progress(f"step {step.step} {point}", index, total)
+        report.points.append(
+            _crash_once(stack, store, step, point, message, clean.reply or "", run_id, timeout)
         )
-        total = len(steps) * len(POINTS)
-        for index, (step, point) in enumerate((s, p) for s in steps for p in POINTS):
-            progress(f"step {step.step} {point}", index, total)
-            report.points.append(
-                _crash_once(stack, store, step, point, message, clean.reply or "", run_id, timeout)
-            )
-        progress("done", total, total)
-        return report
-    finally:
-        db.close()
+    progress("done", total, total)
+    return report
 
 
 def _crash_once(

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..journal import Database, JournalStore, Step
+from ..journal import Step
 from ..runner import POSSIBLY_RAN
 from .stack import EvalStack, crash_and_recover
 
@@ -93,32 +93,28 @@ def run_heed_note(
 ) -> HeedReport:
     settings = stack.settings
     report = HeedReport(model=settings.model, scripted=stack.model is not None)
-    db = Database(settings.database_url)
-    store = JournalStore(db)
+    store = stack.runtime.journal
     run_id = uuid.uuid4().hex[:8]
-    try:
-        for index in range(runs):
-            progress(f"run {index + 1}", index, runs)
-            stack.payments.reset()
-            session = f"heed-note-{run_id}-{index}"
-            result = crash_and_recover(stack, session, MESSAGE, "refund_order:after_run", timeout)
-            steps = store.load_journal(result.turn.turn_id)
-            verdict, action = judge(steps)
-            if not result.crashed:
-                verdict, action = "invalid", "the model never called refund_order"
-            report.runs.append(
-                HeedRun(
-                    run=index + 1,
-                    turn_id=result.turn.turn_id,
-                    status=result.turn.status,
-                    crashed=result.crashed,
-                    verdict=verdict,
-                    next_action=action,
-                    refunds_executed=stack.payments.refunds_executed,
-                    reply=result.turn.reply,
-                )
+    for index in range(runs):
+        progress(f"run {index + 1}", index, runs)
+        stack.payments.reset()
+        session = f"heed-note-{run_id}-{index}"
+        result = crash_and_recover(stack, session, MESSAGE, "refund_order:after_run", timeout)
+        steps = store.load_journal(result.turn.turn_id)
+        verdict, action = judge(steps)
+        if not result.crashed:
+            verdict, action = "invalid", "the model never called refund_order"
+        report.runs.append(
+            HeedRun(
+                run=index + 1,
+                turn_id=result.turn.turn_id,
+                status=result.turn.status,
+                crashed=result.crashed,
+                verdict=verdict,
+                next_action=action,
+                refunds_executed=stack.payments.refunds_executed,
+                reply=result.turn.reply,
             )
-        progress("done", runs, runs)
-        return report
-    finally:
-        db.close()
+        )
+    progress("done", runs, runs)
+    return report

@@ -20,12 +20,11 @@ from typing import Any, Self
 import openai
 import redis
 from kombu.utils.url import maybe_sanitize_url
-from sqlalchemy import text
 
-from ..client import get_turn, start_turn, wait_for_turn
 from ..errors import ConfigurationError, DurableAgentError, ServiceUnavailable
 from ..journal import Database, Turn, migrate
 from ..journal.db import describe_url
+from ..runtime import Runtime
 from ..settings import Settings
 from ..testing import POLICIES, PaymentsSandbox, ScriptedModelServer, SmtpInbox
 from ..testing.harness import WorkerProcess, forget_queue, settings_env
@@ -36,7 +35,7 @@ log = logging.getLogger(__name__)
 def postgres_reachable(url: str) -> bool:
     db = Database(url)
     try:
-        db.execute(text("SELECT 1"))
+        db.value("ping")
         return True
     except DurableAgentError:
         return False
@@ -84,7 +83,7 @@ class EvalStack:
         *,
         work_dir: Path,
         policy: str = "email",
-        tools: str = "workers.email_tools",
+        tools: str = "durable_agent_examples.email_tools",
         lease_seconds: float = 2.0,
         sweep_interval_seconds: float = 0.5,
         real_model: bool = False,
@@ -106,6 +105,7 @@ class EvalStack:
         self.payments = PaymentsSandbox()
         self.workers: list[WorkerProcess] = []
         self.settings = base
+        self.runtime = Runtime(base)
         self.notes: list[str] = []
         self._stack = contextlib.ExitStack()
 
@@ -147,6 +147,7 @@ class EvalStack:
             update["openai_api_key"] = "scripted"
             update["model"] = "scripted-model"
         self.settings = self.base.model_copy(update=update)
+        self.runtime = Runtime(self.settings)
 
     def _services(self) -> tuple[str, str]:
         """Postgres and Redis: the configured ones (``DURABLE_AGENT_DATABASE_URL``,
@@ -198,6 +199,7 @@ class EvalStack:
     def close(self) -> None:
         for worker in self.workers:
             worker.stop(timeout=5)
+        self.runtime.close()
         if self.settings is not self.base and redis_reachable(self.settings.broker_url):
             client = redis.Redis.from_url(self.settings.broker_url)
             try:
@@ -221,10 +223,10 @@ def crash_and_recover(
 ) -> Recovery:
     """Start a worker armed with ``CRASH_AT``, submit the turn, let the worker die, then let
     a fresh worker finish the turn through the sweeper and the claim."""
-    settings = stack.settings
+    runtime = stack.runtime
     tag = session_id.replace(":", "-")
     doomed = stack.start_worker(f"crash-{tag}", CRASH_AT=crash_at)
-    turn_id = start_turn(session_id, message, settings=settings)
+    turn_id = runtime.start_turn(session_id, message)
     try:
         code: int | None = doomed.wait_exit(timeout)
     except TimeoutError:
@@ -234,10 +236,10 @@ def crash_and_recover(
     doomed.stop()
     rescuer = stack.start_worker(f"rescue-{tag}", wait=False)
     try:
-        turn = wait_for_turn(turn_id, timeout, settings=settings)
+        turn = runtime.wait_for_turn(turn_id, timeout)
         recovery: float | None = round(time.monotonic() - crashed_at, 2)
     except TimeoutError:
-        turn, recovery = get_turn(turn_id, settings=settings), None
+        turn, recovery = runtime.get_turn(turn_id), None
     finally:
         rescuer.stop()
     return Recovery(turn=turn, crashed=crashed, recovery_seconds=recovery)

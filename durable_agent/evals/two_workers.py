@@ -23,10 +23,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sqlalchemy import exc as sa_exc
-from sqlalchemy import text
+import psycopg
 
-from ..client import start_turn, wait_for_turn
 from ..errors import LeaseLost
 from ..journal import Database, JournalStore
 from ..testing.harness import wait_until
@@ -62,15 +60,14 @@ class TwoWorkersReport:
 
 
 def run_two_workers(stack: EvalStack, timeout: float = 60.0) -> TwoWorkersReport:
-    settings = stack.settings
+    settings, runtime = stack.settings, stack.runtime
     payments = stack.payments
-    db = Database(settings.database_url)
-    store = JournalStore(db)
+    db, store = runtime.database, runtime.journal
     try:
         payments.reset()
         payments.hold(count=1)  # A's refund request waits inside the service
         worker_a = stack.start_worker("worker-a")
-        turn_id = start_turn(f"two-workers-{uuid.uuid4().hex[:8]}", MESSAGE, settings=settings)
+        turn_id = runtime.start_turn(f"two-workers-{uuid.uuid4().hex[:8]}", MESSAGE)
         payments.wait_for_waiting(1, timeout=timeout)
         frozen_at = time.monotonic()
         os.killpg(worker_a.pid, signal.SIGSTOP)
@@ -81,7 +78,7 @@ def run_two_workers(stack: EvalStack, timeout: float = 60.0) -> TwoWorkersReport
             "froze (SIGSTOP) with its refund request inside the payments service"
         ]
         worker_b = stack.start_worker("worker-b")
-        turn = wait_for_turn(turn_id, timeout, settings=settings)
+        turn = runtime.wait_for_turn(turn_id, timeout)
         steps = store.load_journal(turn_id)
         lines_b = [
             f"claimed the turn at epoch {turn.lease_epoch} after A's lease expired "
@@ -125,7 +122,6 @@ def run_two_workers(stack: EvalStack, timeout: float = 60.0) -> TwoWorkersReport
         )
     finally:
         payments.release()
-        db.close()
 
 
 def _replay_next_write(
@@ -142,15 +138,9 @@ def _replay_next_write(
             f"its next intent (step {step}, epoch {epoch}): rejected by the epoch fence ({error})"
         )
     try:
-        db.execute(
-            text(
-                "INSERT INTO journal (turn_id, step, kind, name, input, replay, status, epoch) "
-                "VALUES (:t, :s, 'model', 'llm', '{}', 'safe', 'intent', :e)"
-            ),
-            {"t": turn_id, "s": step, "e": epoch},
-        )
+        db.run("insert_step_unfenced", turn_id=turn_id, step=step, epoch=epoch)
         lines.append(f"the same insert without the fence was ACCEPTED at step {step}")
-    except sa_exc.IntegrityError:
+    except psycopg.errors.UniqueViolation:
         lines.append(
             f"the same insert without the fence: rejected by the primary key (turn_id, step): "
             f"step {step} is already recorded by B"

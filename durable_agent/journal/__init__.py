@@ -1,10 +1,10 @@
-"""The durable step journal in Postgres: tables, named queries, claims and migrations."""
+"""The durable step journal in Postgres: named queries, claims and migrations."""
 
 from .db import Database, database_for
 from .holders import holder_is_dead, worker_identity
 from .leases import Leases
 from .migrations import migrate, require_current
-from .records import Claim, Refusal, Step, Turn
+from .records import Claim, Refusal, Step, Turn, TurnStatus
 from .store import JournalStore
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "Refusal",
     "Step",
     "Turn",
+    "TurnStatus",
     "database_for",
     "holder_is_dead",
     "migrate",

@@ -1,137 +1,236 @@
-"""The database handle of one process: an engine and one long-lived autocommit connection.
+"""The database handle of one process: named queries on one long-lived autocommit connection.
 
-Journal writes are single statements, so they run in autocommit mode on one connection
-that the process keeps, instead of a pool checkout plus BEGIN/COMMIT per statement
-(``make bench`` measures the difference). Driver errors that mean "cannot reach Postgres" become
-:class:`~durable_agent.errors.ServiceUnavailable`.
+Journal writes are single statements, so they run in autocommit mode on one connection that
+the process keeps (``make bench`` measures it against a pool checkout and BEGIN/COMMIT per
+statement), as server-side prepared statements through psycopg 3. Multi-statement work
+(a sweeper pass, migrations) runs in a transaction on a second connection.
+
+Nothing here crosses a fork: a child process (a prefork pool's worker) starts with no
+connection and fresh locks, and opens its own on first use. The parent's sockets are left
+alone (psycopg never closes a connection another process opened).
+
+Driver errors that mean "cannot reach Postgres" become
+:class:`~durable_agent.errors.ServiceUnavailable`; a connection found dead is replaced and its
+statement sent once more.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Mapping
+import urllib.parse
+import weakref
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, CursorResult, Engine, TextClause, create_engine
-from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import make_url
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
 
 from ..errors import ConfigurationError, ServiceUnavailable
+from .queries import Query, query
+
+Row = dict[str, Any]
+
+_SCHEMES = ("postgresql", "postgres")
 
 
 def describe_url(url: str) -> str:
     """The URL without its password, for messages."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
-    except sa_exc.ArgumentError:
+        parts = urllib.parse.urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+        return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:
         return "<unparseable url>"
 
 
+def conninfo_for(url: str) -> str:
+    """The libpq connection string for a ``postgresql://`` URL; ConfigurationError if bad.
+
+    A driver named after the scheme, as SQLAlchemy spells URLs (``postgresql+psycopg://``),
+    is accepted and ignored: durable-agent always talks to Postgres through psycopg 3.
+    """
+    shown = describe_url(url)
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower().partition("+")[0] not in _SCHEMES:
+        raise ConfigurationError(
+            f"bad database URL {shown}: durable-agent needs PostgreSQL, "
+            "e.g. postgresql://user@host:5432/dbname"
+        )
+    conninfo = "postgresql://" + rest
+    try:
+        params = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as error:
+        raise ConfigurationError(f"bad database URL {shown}: {_first_line(error)}") from error
+    for port in str(params.get("port") or "5432").split(","):
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigurationError(f"bad database URL {shown}: port {port!r} is not a port")
+    return conninfo
+
+
+class _Connected:
+    """Runs named queries on one psycopg connection."""
+
+    def __init__(self, conn: psycopg.Connection[Row]) -> None:
+        self.conn = conn
+
+    def run(self, name: str, /, **params: Any) -> list[Row]:
+        """Every row the query returns ([] for a statement that returns none)."""
+        return _run(self.conn, query(name), params)
+
+    def one(self, name: str, /, **params: Any) -> Row | None:
+        rows = self.run(name, **params)
+        return rows[0] if rows else None
+
+    def value(self, name: str, /, **params: Any) -> Any:
+        row = self.one(name, **params)
+        return next(iter(row.values())) if row else None
+
+    def script(self, sql: str) -> None:
+        """Several statements with no parameters (a migration)."""
+        self.conn.execute(sql.encode(), prepare=False)
+
+
+def _run(conn: psycopg.Connection[Row], q: Query, params: dict[str, Any]) -> list[Row]:
+    if params.keys() != q.parameters:
+        raise TypeError(f"query {q.name} takes {sorted(q.parameters)}, got {sorted(params)}")
+    cursor = conn.execute(q.sql, params, prepare=True)
+    return cursor.fetchall() if cursor.description else []
+
+
 class Database:
-    """An engine plus the one autocommit connection this process writes through."""
+    """The process's connections to one Postgres database."""
 
-    def __init__(self, url: str) -> None:
-        try:
-            backend = make_url(url).get_backend_name()
-        except sa_exc.ArgumentError as error:
-            raise ConfigurationError(f"bad database URL {describe_url(url)}: {error}") from error
-        if backend != "postgresql":
-            raise ConfigurationError(
-                f"bad database URL {describe_url(url)}: durable-agent needs PostgreSQL "
-                "(postgresql://user@host:port/dbname)"
-            )
-        try:
-            self.engine: Engine = create_engine(
-                url,
-                isolation_level="AUTOCOMMIT",
-                pool_size=2,
-                max_overflow=4,
-                pool_pre_ping=True,
-                connect_args={"connect_timeout": 5},
-            )
-        except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError, ImportError) as error:
-            # ImportError: a driver that is not installed, e.g. postgresql+psycopg2://
-            raise ConfigurationError(f"bad database URL {describe_url(url)}: {error}") from error
+    def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
         self.url = url
-        self._conn: Connection | None = None
+        self.conninfo = conninfo_for(url)
+        self.connect_timeout = connect_timeout
+        self._conn: psycopg.Connection[Row] | None = None
+        self._tx_conn: psycopg.Connection[Row] | None = None
         self._lock = threading.Lock()
-        self._pid = os.getpid()
+        self._tx_lock = threading.Lock()
+        _live.add(self)
 
-    def _connection(self) -> Connection:
-        if self._pid != os.getpid():  # forked: never share a socket with the parent
-            self.engine.dispose(close=False)
-            self._conn, self._pid = None, os.getpid()
-        if self._conn is None or self._conn.closed or self._conn.invalidated:
-            self._conn = self.engine.connect()
-        return self._conn
+    # -- connections ----------------------------------------------------------------------
 
-    def execute(
-        self, statement: TextClause | Any, params: Mapping[str, Any] | None = None
-    ) -> CursorResult[Any]:
-        """Run one statement on the process's connection (autocommit).
+    def _connect(self) -> psycopg.Connection[Row]:
+        try:
+            return psycopg.connect(
+                self.conninfo,
+                autocommit=True,
+                row_factory=dict_row,
+                connect_timeout=max(1, round(self.connect_timeout)),
+                application_name="durable-agent",
+            )
+        except psycopg.OperationalError as error:
+            raise ServiceUnavailable(
+                f"cannot reach Postgres at {describe_url(self.url)}: {_first_line(error)}"
+            ) from error
+        except psycopg.ProgrammingError as error:  # e.g. an option libpq rejects
+            raise ConfigurationError(
+                f"bad database URL {describe_url(self.url)}: {_first_line(error)}"
+            ) from error
+
+    def _after_fork_in_child(self) -> None:
+        # The parent's connections and locks are not ours: drop them without closing the
+        # sockets (the parent still uses them) and start from nothing.
+        self._conn = self._tx_conn = None
+        self._lock = threading.Lock()
+        self._tx_lock = threading.Lock()
+
+    # -- queries on the autocommit connection ---------------------------------------------
+
+    def run(self, name: str, /, **params: Any) -> list[Row]:
+        """Run one named query on the process's connection (autocommit); its rows.
 
         A connection that turns out to be dead (Postgres restarted since its last use) is
         replaced and the statement sent once more. That is safe for every statement we send:
         a write that did commit before the connection died is refused the second time by
         the primary key or the epoch fence, never applied twice.
         """
-        with self._lock, translate_errors(self.url):
+        q = query(name)
+        with self._lock:
             for attempt in (1, 2):
+                if self._conn is None or self._conn.closed:
+                    self._conn = self._connect()
+                conn = self._conn
                 try:
-                    return self._connection().execute(statement, dict(params or {}))
-                except sa_exc.DBAPIError as error:
-                    if not error.connection_invalidated:
-                        raise
-                    self._conn = None
-                    if attempt == 2:
-                        raise
+                    return _run(conn, q, params)
+                except psycopg.OperationalError as error:
+                    if conn.broken:
+                        self._conn = None
+                        if attempt == 1:
+                            continue
+                    raise translate(error, self.url) from error
             raise AssertionError("unreachable")
 
-    @contextmanager
-    def transaction(self) -> Iterator[Connection]:
-        """A separate connection with one transaction, for multi-statement work (migrations)."""
-        with translate_errors(self.url):
-            conn = self.engine.connect().execution_options(isolation_level="READ COMMITTED")
-            try:
-                with conn.begin():
-                    yield conn
-            finally:
-                conn.close()
+    def one(self, name: str, /, **params: Any) -> Row | None:
+        rows = self.run(name, **params)
+        return rows[0] if rows else None
+
+    def value(self, name: str, /, **params: Any) -> Any:
+        row = self.one(name, **params)
+        return next(iter(row.values())) if row else None
+
+    # -- transactions ---------------------------------------------------------------------
 
     @contextmanager
-    def side_connection(self) -> Iterator[Connection]:
-        """A pooled autocommit connection for another thread (the heartbeat)."""
-        with translate_errors(self.url), self.engine.connect() as conn:
-            yield conn
+    def transaction(self) -> Iterator[_Connected]:
+        """One transaction on the process's second connection (a sweeper pass, a migration)."""
+        with self._tx_lock:
+            if self._tx_conn is None or self._tx_conn.closed:
+                self._tx_conn = self._connect()
+            conn = self._tx_conn
+            try:
+                with conn.transaction():
+                    yield _Connected(conn)
+            except psycopg.OperationalError as error:
+                if conn.broken:
+                    self._tx_conn = None
+                raise translate(error, self.url) from error
 
     def close(self) -> None:
-        with self._lock:
-            if self._conn is not None and not self._conn.closed:
-                self._conn.close()
-            self._conn = None
-        self.engine.dispose()
+        with self._lock, self._tx_lock:
+            for conn in (self._conn, self._tx_conn):
+                if conn is not None and not conn.closed:
+                    conn.close()
+            self._conn = self._tx_conn = None
 
 
-@contextmanager
-def translate_errors(url: str) -> Iterator[None]:
-    """Turn 'cannot reach the database' driver errors into ServiceUnavailable."""
-    try:
-        yield
-    except sa_exc.OperationalError as error:
-        raise ServiceUnavailable(
-            f"cannot reach Postgres at {describe_url(url)}: {_first_line(error.orig)}"
-        ) from error
-    except sa_exc.InterfaceError as error:
-        raise ServiceUnavailable(
-            f"lost the connection to Postgres at {describe_url(url)}: {_first_line(error.orig)}"
-        ) from error
+def translate(error: psycopg.OperationalError, url: str) -> Exception:
+    """ServiceUnavailable for 'cannot reach Postgres'; other errors are left as they are."""
+    state = error.sqlstate or ""
+    unreachable = (
+        not state
+        or state.startswith("08")  # connection exception
+        or state.startswith("53")  # insufficient resources (too many connections, disk full)
+        or state in ("57P01", "57P02", "57P03")  # admin/crash shutdown, cannot connect now
+    )
+    if not unreachable:
+        return error
+    return ServiceUnavailable(
+        f"lost the connection to Postgres at {describe_url(url)}: {_first_line(error)}"
+    )
 
 
 def _first_line(error: BaseException | None) -> str:
     text = str(error or "").strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+_live: weakref.WeakSet[Database] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for db in list(_live):
+        db._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 _databases: dict[str, Database] = {}
@@ -145,3 +244,11 @@ def database_for(url: str) -> Database:
         if db is None:
             db = _databases[url] = Database(url)
         return db
+
+
+def _reset_registry_after_fork() -> None:
+    global _databases_lock
+    _databases_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_registry_after_fork)

@@ -1,24 +1,50 @@
-"""Plain records read from the journal tables."""
+"""Plain records read from the journal tables, and the names of their states."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any, Literal, Self, cast
 
 Kind = Literal["model", "tool"]
 Replay = Literal["safe", "never"]
+StepStatus = Literal["intent", "done"]
+
+
+class TurnStatus(StrEnum):
+    """Where a turn is. ``done`` and ``failed`` are final."""
+
+    QUEUED = "queued"  # recorded, waiting for a worker (or deferred after a model outage)
+    RUNNING = "running"  # claimed by a worker (its lease may have run out)
+    DONE = "done"
+    FAILED = "failed"
+
+
+OPEN_STATUSES = frozenset({TurnStatus.QUEUED, TurnStatus.RUNNING})
+FINAL_STATUSES = frozenset({TurnStatus.DONE, TurnStatus.FAILED})
+
+
+class _Row:
+    """Build a record from a database row (columns it does not know are ignored)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Self:
+        names = [f.name for f in fields(cast(Any, cls))]
+        return cls(**{name: row[name] for name in names if name in row})
 
 
 @dataclass(frozen=True, slots=True)
-class Turn:
+class Turn(_Row):
     """One agent turn, as recorded in Postgres."""
 
     turn_id: str
     session_id: str
     seq: int
-    status: str
+    status: TurnStatus
     message: str
     reply: str | None
     error: str | None
@@ -30,14 +56,35 @@ class Turn:
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    not_before: datetime | None = None
+    enqueued_at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", TurnStatus(self.status))
 
     @property
     def finished(self) -> bool:
-        return self.status in ("done", "failed")
+        return self.status in FINAL_STATUSES
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "turn_id": self.turn_id,
+            "session_id": self.session_id,
+            "seq": self.seq,
+            "status": str(self.status),
+            "message": self.message,
+            "reply": self.reply,
+            "error": self.error,
+            "attempts": self.attempts,
+            "crashes": self.crashes,
+            "lease_epoch": self.lease_epoch,
+            "created_at": self.created_at.isoformat(),
+            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+        }
 
 
 @dataclass(frozen=True, slots=True)
-class Step:
+class Step(_Row):
     """One journal row: the intent of a call and, once done, its outcome."""
 
     turn_id: str
@@ -46,7 +93,7 @@ class Step:
     name: str
     input: dict[str, Any]
     replay: Replay | None
-    status: Literal["intent", "done"]
+    status: StepStatus
     output: Any
     epoch: int
     created_at: datetime
@@ -99,10 +146,12 @@ class Claim:
     owner: str
 
 
+RefusalReason = Literal["finished", "leased", "deferred", "waiting"]
+
+
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """Why a delivery did not get the turn, and when it is worth checking again."""
+    """Why a delivery did not get the turn."""
 
-    reason: Literal["not_found", "finished", "leased", "deferred", "waiting", "poisoned"]
+    reason: RefusalReason
     detail: str
-    retry_in: float | None = None

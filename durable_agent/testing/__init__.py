@@ -1,44 +1,75 @@
-"""Real loopback servers for testing durable agents.
+"""Helpers for testing durable agents, yours included.
 
-* `ScriptedModelServer`: an OpenAI-compatible Chat Completions server driven by a policy
-  (`reply`, `call_tool`, `call_tools`, `tool_call` build its answers), that counts repeated
-  requests and injects faults.
-* `SmtpInbox`: an SMTP server that keeps what it receives, with a JSON API.
-* `PaymentsSandbox`: a payments service that counts refunds and honours idempotency keys.
-* `email_policy`, `refund_policy`, `careless_refund_policy`: scripted agents for the demo
-  and the evals (`POLICIES` maps their command-line names to them).
+* :class:`MemoryJournal`, :class:`ClaimHeld`, :func:`make_step`: run the real step runner
+  with no database (no extra needed).
+* :class:`ScriptedModelServer`: an OpenAI-compatible Chat Completions server on loopback,
+  driven by a policy (``reply``, ``call_tool``, ``call_tools``, ``tool_call`` build its
+  answers), that counts repeated requests and injects faults.
+* :class:`SmtpInbox`: an SMTP server that keeps what it receives, with a JSON API
+  (needs the ``testing`` extra: ``pip install 'durable-agent[testing]'``).
+* :class:`PaymentsSandbox`: a payments service that counts refunds and honours idempotency
+  keys.
+* ``email_policy``, ``refund_policy``, ``careless_refund_policy``: scripted agents for the
+  demo and the evals (``POLICIES`` maps their command-line names to them).
 
-Each server runs in a background thread and is a context manager; ``python -m
+Names load on first use, so importing this package needs nothing beyond durable-agent
+itself. Each server runs in a background thread and is a context manager; ``python -m
 durable_agent.testing`` runs one as a separate process.
 """
 
-from durable_agent.testing.inbox import InboxMessage, SmtpInbox
-from durable_agent.testing.model_server import (
-    ScriptedModelServer,
-    call_tool,
-    call_tools,
-    reply,
-    tool_call,
-)
-from durable_agent.testing.payments import PaymentsSandbox
-from durable_agent.testing.policies import (
-    POLICIES,
-    careless_refund_policy,
-    email_policy,
-    refund_policy,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .inbox import InboxMessage, SmtpInbox
+    from .memory import ClaimHeld, MemoryJournal, Write, make_step
+    from .model_server import ScriptedModelServer, call_tool, call_tools, reply, tool_call
+    from .payments import PaymentsSandbox
+    from .policies import POLICIES, careless_refund_policy, email_policy, refund_policy
+
+_WHERE = {
+    "ClaimHeld": "memory",
+    "MemoryJournal": "memory",
+    "Write": "memory",
+    "make_step": "memory",
+    "InboxMessage": "inbox",
+    "SmtpInbox": "inbox",
+    "ScriptedModelServer": "model_server",
+    "call_tool": "model_server",
+    "call_tools": "model_server",
+    "reply": "model_server",
+    "tool_call": "model_server",
+    "PaymentsSandbox": "payments",
+    "POLICIES": "policies",
+    "careless_refund_policy": "policies",
+    "email_policy": "policies",
+    "refund_policy": "policies",
+}
 
 __all__ = [
     "POLICIES",
+    "ClaimHeld",
     "InboxMessage",
+    "MemoryJournal",
     "PaymentsSandbox",
     "ScriptedModelServer",
     "SmtpInbox",
+    "Write",
     "call_tool",
     "call_tools",
     "careless_refund_policy",
     "email_policy",
+    "make_step",
     "refund_policy",
     "reply",
     "tool_call",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'durable_agent.testing' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

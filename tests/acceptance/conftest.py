@@ -19,7 +19,8 @@ import pytest
 import redis
 
 from durable_agent import wait_for_turn
-from durable_agent.journal import Database, JournalStore, Step, Turn
+from durable_agent.journal import JournalStore, Step, Turn
+from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
 from durable_agent.testing import ScriptedModelServer, SmtpInbox, email_policy
 from durable_agent.testing.harness import WorkerProcess, forget_queue
@@ -159,31 +160,34 @@ def stack(settings: Settings, redis_client: redis.Redis) -> Iterator[Stack]:
     """A model server answering with ``email_policy`` and an SMTP inbox, both in-process."""
     model = ScriptedModelServer(email_policy).start()
     inbox = SmtpInbox()
-    db: Database | None = None
+    runtime: Runtime | None = None
     try:
         inbox.start()
-        db = Database(settings.database_url)
         stack_settings = settings.model_copy(
-            update={"openai_base_url": model.base_url, "tools": "workers.email_tools"}
+            update={
+                "openai_base_url": model.base_url,
+                "tools": "durable_agent_examples.email_tools",
+            }
         )
         env = {
             "SMTP_URL": inbox.smtp_url,
             "INBOX_URL": inbox.api_url,
-            "DURABLE_AGENT_TOOLS": "workers.email_tools",
+            "DURABLE_AGENT_TOOLS": "durable_agent_examples.email_tools",
         }
+        runtime = Runtime(stack_settings)
         yield Stack(
             settings=stack_settings,
             model=model,
             inbox=inbox,
-            store=JournalStore(db, blob_threshold=settings.blob_threshold_bytes),
+            store=runtime.journal,
             env=env,
         )
     finally:
         model.release()  # wake any request a test left held
         inbox.stop()
         model.stop()
-        if db is not None:
-            db.close()
+        if runtime is not None:
+            runtime.close()
         forget_queue(redis_client, settings.queue)
 
 

@@ -306,7 +306,7 @@ def chaos(tmp_path: Path) -> Iterator[Chaos]:
             database_url=services.database_url,
             broker_url=services.broker_url,
             queue=f"chaos-{uuid.uuid4().hex[:10]}",
-            tools="workers.email_tools",
+            tools="durable_agent_examples.email_tools",
             openai_base_url=model.base_url,
             openai_api_key="test",
             model_max_retries=1,

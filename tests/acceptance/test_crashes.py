@@ -126,7 +126,7 @@ WRONG_LABEL_MODULE = '''\
 
 import dataclasses
 
-from workers import email_tools
+from durable_agent_examples import email_tools
 
 lookup_note = email_tools.lookup_note
 list_sent_emails = email_tools.list_sent_emails

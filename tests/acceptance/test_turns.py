@@ -8,6 +8,7 @@ import pytest
 
 from durable_agent import start_turn, wait_for_turn
 from durable_agent.queue import send
+from durable_agent.runtime import runtime_for
 from durable_agent.testing.harness import wait_until
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def test_duplicate_delivery_runs_nothing_twice(stack: Stack, spawn: Spawn) -> No
     turn_id = start_turn("s-duplicate", stack.message, settings=stack.settings)
     stack.model.wait_for_waiting(1, timeout=20)
 
-    send(stack.settings, "s-duplicate", turn_id)  # the same message, delivered again
+    send(runtime_for(stack.settings), "s-duplicate", turn_id)  # the same message, delivered again
     wait_until(
         lambda: any(f"turn {turn_id} is held by" in w.log_text() for w in stack.workers),
         20,

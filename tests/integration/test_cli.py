@@ -8,10 +8,10 @@ import socket
 import subprocess
 import sys
 
+import psycopg
 import redis
-from sqlalchemy import text
 
-from durable_agent.journal import Claim, Database, JournalStore, Leases
+from durable_agent.journal import Claim, JournalStore, Leases
 from durable_agent.settings import Settings
 from durable_agent.testing.harness import settings_env
 
@@ -181,12 +181,12 @@ def test_wait_with_timeout_on_queued_turn_fails(settings: Settings, store: Journ
 
 
 def test_sweep_prints_a_count(
-    settings: Settings, db: Database, store: JournalStore, redis_client: redis.Redis
+    settings: Settings, pg: psycopg.Connection, store: JournalStore, redis_client: redis.Redis
 ) -> None:
     """`sweep` enqueues a long-unsent turn and prints what it did and how many."""
     turn = store.create_turn("s", "hi")
-    db.execute(
-        text("UPDATE turns SET created_at = now() - interval '1 hour' WHERE turn_id = :t"),
+    pg.execute(
+        "UPDATE turns SET created_at = now() - interval '1 hour' WHERE turn_id = %(t)s",
         {"t": turn.turn_id},
     )
 

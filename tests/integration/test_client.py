@@ -6,22 +6,22 @@ import socket
 import time
 from typing import Any
 
+import psycopg
 import pytest
 import redis
-from sqlalchemy import text
 
 from durable_agent.client import get_turn, start_turn, wait_for_turn
 from durable_agent.errors import TurnNotFound
-from durable_agent.journal import Claim, Database, JournalStore, Leases
+from durable_agent.journal import Claim, JournalStore, Leases
+from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
-from durable_agent.sweeper import Sweeper
 from durable_agent.testing.harness import queued_turns
 
 
-def _enqueued_at(db: Database, turn_id: str) -> Any:
-    return db.execute(
-        text("SELECT enqueued_at FROM turns WHERE turn_id = :t"), {"t": turn_id}
-    ).scalar_one()
+def _enqueued_at(pg: psycopg.Connection, turn_id: str) -> Any:
+    row = pg.execute("SELECT enqueued_at FROM turns WHERE turn_id = %s", (turn_id,)).fetchone()
+    assert row is not None
+    return row[0]
 
 
 def _closed_port() -> int:
@@ -32,7 +32,7 @@ def _closed_port() -> int:
 
 
 def test_start_turn_records_and_enqueues(
-    settings: Settings, db: Database, redis_client: redis.Redis
+    settings: Settings, pg: psycopg.Connection, redis_client: redis.Redis
 ) -> None:
     """start_turn writes the turn to Postgres, puts its ids on the queue and notes when."""
     turn_id = start_turn("s", "hello", settings=settings)
@@ -40,7 +40,7 @@ def test_start_turn_records_and_enqueues(
     turn = get_turn(turn_id, settings=settings)
     assert (turn.session_id, turn.message, turn.status, turn.seq) == ("s", "hello", "queued", 0)
     assert queued_turns(redis_client, settings.queue) == [("s", turn_id)]
-    assert _enqueued_at(db, turn_id) is not None
+    assert _enqueued_at(pg, turn_id) is not None
 
 
 def test_start_turn_with_own_id_is_idempotent(settings: Settings, store: JournalStore) -> None:
@@ -53,7 +53,7 @@ def test_start_turn_with_own_id_is_idempotent(settings: Settings, store: Journal
 
 
 def test_start_turn_with_broker_down_still_records_the_turn(
-    settings: Settings, db: Database, redis_client: redis.Redis
+    settings: Settings, pg: psycopg.Connection, redis_client: redis.Redis
 ) -> None:
     """With no broker the turn is still recorded (queued, never enqueued), within 10 s, and
     the sweeper sends it once the broker is reachable."""
@@ -65,13 +65,12 @@ def test_start_turn_with_broker_down_still_records_the_turn(
     assert time.monotonic() - started < 10
     turn = get_turn(turn_id, settings=settings)
     assert (turn.status, turn.message) == ("queued", "hello")
-    assert _enqueued_at(db, turn_id) is None
+    assert _enqueued_at(pg, turn_id) is None
 
-    db.execute(
-        text("UPDATE turns SET created_at = now() - interval '1 hour' WHERE turn_id = :t"),
-        {"t": turn_id},
+    pg.execute(
+        "UPDATE turns SET created_at = now() - interval '1 hour' WHERE turn_id = %s", (turn_id,)
     )
-    assert Sweeper(settings, db).sweep_once() == [("s", turn_id, "never enqueued")]
+    assert Runtime(settings).sweeper().sweep_once() == [("s", turn_id, "never enqueued")]
     assert queued_turns(redis_client, settings.queue) == [("s", turn_id)]
 
 

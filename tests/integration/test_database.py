@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import psycopg
-from sqlalchemy import text
 
 from durable_agent.journal import Database, JournalStore
 
@@ -13,8 +12,8 @@ def test_a_dead_connection_is_replaced_and_the_statement_sent_again(
 ) -> None:
     """Kill this process's own backend (as a Postgres restart would): the next statement
     reconnects instead of failing, and the write happens exactly once."""
-    pid = db.execute(text("SELECT pg_backend_pid()")).scalar_one()
-    admin = psycopg.connect(database_url.replace("+psycopg", ""), autocommit=True)
+    pid = db.value("ping")
+    admin = psycopg.connect(database_url, autocommit=True)
     try:
         assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
     finally:
@@ -22,5 +21,5 @@ def test_a_dead_connection_is_replaced_and_the_statement_sent_again(
 
     turn = store.create_turn("s-reconnect", "hello")
 
-    assert db.execute(text("SELECT pg_backend_pid()")).scalar_one() != pid
+    assert db.value("ping") != pid
     assert [t.turn_id for t in store.list_turns("s-reconnect")] == [turn.turn_id]

@@ -6,14 +6,13 @@ import socket
 import subprocess
 import sys
 
+import psycopg
 import pytest
 import redis
-from sqlalchemy import text
 
 from durable_agent.journal import Claim, Database, JournalStore, Leases, Refusal
 from durable_agent.journal.holders import host_token
-from durable_agent.settings import Settings
-from durable_agent.sweeper import Sweeper
+from durable_agent.runtime import Runtime
 from durable_agent.testing.harness import forget_queue
 
 pytestmark = pytest.mark.skipif(host_token() is None, reason="needs /proc")
@@ -53,7 +52,7 @@ def test_claims_of_live_or_foreign_holders_wait_for_their_lease(
 
 
 def test_the_fast_path_can_be_switched_off(db: Database, store: JournalStore) -> None:
-    leases = Leases(db, store, end_dead_local_claims=False)
+    leases = Leases(db, end_dead_local_claims=False)
     turn = store.create_turn("s", "hello")
     assert isinstance(leases.claim(turn.turn_id, local_owner(dead_pid()), 60), Claim)
     refusal = leases.claim(turn.turn_id, "survivor", 60)
@@ -61,20 +60,21 @@ def test_the_fast_path_can_be_switched_off(db: Database, store: JournalStore) ->
 
 
 def test_sweeper_resends_a_turn_whose_local_holder_died(
-    settings: Settings, db: Database, store: JournalStore, leases: Leases
+    runtime: Runtime, pg: psycopg.Connection, store: JournalStore, leases: Leases
 ) -> None:
     """Without waiting for the 60 s lease: the next sweep pass ends the claim and sends it."""
     turn = store.create_turn("s", "hello")
     store.mark_enqueued([turn.turn_id])
     assert isinstance(leases.claim(turn.turn_id, local_owner(dead_pid()), 60), Claim)
 
-    sent = Sweeper(settings, db).sweep_once()
+    sent = runtime.sweeper().sweep_once()
+    settings = runtime.settings
 
     assert sent == [("s", turn.turn_id, "claim expired")]
-    expired = db.execute(
-        text("SELECT lease_expires_at <= now() FROM turns WHERE turn_id = :t"),
+    expired = pg.execute(
+        "SELECT lease_expires_at <= now() FROM turns WHERE turn_id = %(t)s",
         {"t": turn.turn_id},
-    ).scalar_one()
+    ).fetchone()[0]
     assert expired is True
     client = redis.Redis.from_url(settings.broker_url)
     forget_queue(client, settings.queue)

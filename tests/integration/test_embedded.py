@@ -68,7 +68,7 @@ def test_start_serve_stop_and_reuse(tmp_path: Path) -> None:
     data_dir = tmp_path / "da"
     services = EmbeddedServices(data_dir)
     with services:
-        assert services.database_url.startswith("postgresql+psycopg://")
+        assert services.database_url.startswith("postgresql://")
         assert services.broker_url.startswith("redis://127.0.0.1:")
         with _pg(services.database_url) as conn:
             assert conn.execute("SELECT 1").fetchone() == (1,)

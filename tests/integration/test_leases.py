@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
-
-from sqlalchemy import text
+from typing import TYPE_CHECKING
 
 from durable_agent.journal import Claim, Database, JournalStore, Leases, Refusal
 from durable_agent.settings import Settings
-from durable_agent.testing.harness import wait_until
+
+if TYPE_CHECKING:
+    from conftest import DatabaseClock
 
 
 def _claim(leases: Leases, turn_id: str, owner: str, lease: float = 30.0) -> Claim:
@@ -17,15 +18,13 @@ def _claim(leases: Leases, turn_id: str, owner: str, lease: float = 30.0) -> Cla
     return claim
 
 
-def _take_over(leases: Leases, turn_id: str, owner: str, timeout: float = 15.0) -> Claim:
-    """Claim as `owner` as soon as the current lease has run out."""
-
-    def attempt() -> Claim | None:
-        claim = leases.claim(turn_id, owner, 30.0)
-        return claim if isinstance(claim, Claim) else None
-
-    claim: Claim = wait_until(attempt, timeout, f"{owner} to take over {turn_id}", interval=0.1)
-    return claim
+def _take_over(leases: Leases, clock: DatabaseClock, turn_id: str, owner: str) -> Claim:
+    """Refused while the current 30 s lease runs; claimed by `owner` once the database's
+    clock has passed its end."""
+    refusal = leases.claim(turn_id, owner, 30.0)
+    assert isinstance(refusal, Refusal) and refusal.reason == "leased", refusal
+    clock.advance(30.5)
+    return _claim(leases, turn_id, owner)
 
 
 def test_claim_moves_epoch_and_attempts_on(store: JournalStore, leases: Leases) -> None:
@@ -51,20 +50,19 @@ def test_live_lease_refuses_another_owner(store: JournalStore, leases: Leases) -
 
     assert isinstance(refusal, Refusal)
     assert refusal.reason == "leased"
-    assert "held by a" in refusal.detail
-    assert refusal.retry_in is not None and 10.0 < refusal.retry_in <= 21.0
+    assert "held by a" in refusal.detail and "for 20.0s more" in refusal.detail
     after = store.get_turn(turn.turn_id)
     assert (after.lease_owner, after.lease_epoch, after.attempts) == ("a", held.epoch, 1)
 
 
 def test_expired_lease_is_taken_over_and_counts_a_crash(
-    store: JournalStore, leases: Leases
+    store: JournalStore, leases: Leases, clock: DatabaseClock
 ) -> None:
-    """After a 0.5 s lease runs out another owner claims the turn; crashes becomes 1."""
+    """After the lease runs out another owner claims the turn; crashes becomes 1."""
     turn = store.create_turn("s", "hi")
-    first = _claim(leases, turn.turn_id, "a", lease=0.5)
+    first = _claim(leases, turn.turn_id, "a")
 
-    second = _take_over(leases, turn.turn_id, "b")
+    second = _take_over(leases, clock, turn.turn_id, "b")
 
     assert second.epoch == first.epoch + 1
     assert (second.turn.lease_owner, second.turn.crashes, second.turn.attempts) == ("b", 1, 2)
@@ -87,13 +85,15 @@ def test_later_turn_waits_for_the_earlier_one(store: JournalStore, leases: Lease
     assert _claim(leases, later.turn_id, "b").epoch == 1
 
 
-def test_renew_fails_after_takeover(store: JournalStore, leases: Leases) -> None:
+def test_renew_fails_after_takeover(
+    store: JournalStore, leases: Leases, clock: DatabaseClock
+) -> None:
     """The old owner's renew returns False once another owner took the turn over."""
     turn = store.create_turn("s", "hi")
-    old = _claim(leases, turn.turn_id, "a", lease=0.5)
-    assert leases.renew(turn.turn_id, old.epoch, 0.5)
+    old = _claim(leases, turn.turn_id, "a")
+    assert leases.renew(turn.turn_id, old.epoch, 30.0)
 
-    new = _take_over(leases, turn.turn_id, "b")
+    new = _take_over(leases, clock, turn.turn_id, "b")
 
     assert leases.renew(turn.turn_id, old.epoch, 30.0) is False
     assert leases.renew(turn.turn_id, new.epoch, 30.0) is True
@@ -101,11 +101,13 @@ def test_renew_fails_after_takeover(store: JournalStore, leases: Leases) -> None
     assert leases.still_held(turn.turn_id, new.epoch) is True
 
 
-def test_stale_epoch_cannot_finish_fail_or_release(store: JournalStore, leases: Leases) -> None:
+def test_stale_epoch_cannot_finish_fail_or_release(
+    store: JournalStore, leases: Leases, clock: DatabaseClock
+) -> None:
     """finish/fail/release with a stale epoch do nothing; the new owner's claim is intact."""
     turn = store.create_turn("s", "hi")
-    old = _claim(leases, turn.turn_id, "a", lease=0.5)
-    new = _take_over(leases, turn.turn_id, "b")
+    old = _claim(leases, turn.turn_id, "a")
+    new = _take_over(leases, clock, turn.turn_id, "b")
 
     assert leases.finish(turn.turn_id, old.epoch, "late reply") is None
     assert leases.fail(turn.turn_id, old.epoch, "late failure") is None
@@ -135,8 +137,8 @@ def test_claim_race_between_eight_threads_has_one_winner(
     def contend(i: int) -> None:
         db = Database(settings.database_url)
         try:
-            own = Leases(db, JournalStore(db))
-            db.execute(text("SELECT 1"))  # connect before the race starts
+            own = Leases(db)
+            db.value("ping")  # connect before the race starts
             barrier.wait(timeout=30)
             result: Claim | Refusal | BaseException = own.claim(turn.turn_id, f"owner-{i}", 30.0)
         except BaseException as error:

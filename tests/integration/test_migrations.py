@@ -5,16 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+import psycopg
 import pytest
-from sqlalchemy import inspect, text
-from sqlalchemy.dialects import postgresql
 
 from durable_agent.errors import ConfigurationError
 from durable_agent.journal import Database, migrate, require_current
 from durable_agent.journal.migrations import available, current_version, latest_version
-from durable_agent.journal.schema import metadata
+from durable_agent.journal.queries import schema
 
 
 @pytest.fixture
@@ -25,8 +24,15 @@ def empty_db(empty_database_url: str) -> Iterator[Database]:
 
 
 def _versions(db: Database) -> list[tuple[int, str]]:
-    rows = db.execute(text("SELECT version, name FROM schema_version ORDER BY version")).all()
-    return [(row.version, row.name) for row in rows]
+    with psycopg.connect(db.conninfo) as conn:
+        rows = conn.execute("SELECT version, name FROM schema_version ORDER BY version")
+        return [(version, name) for version, name in rows]
+
+
+def _tables(db: Database) -> set[str]:
+    with psycopg.connect(db.conninfo) as conn:
+        rows = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        return {name for (name,) in rows}
 
 
 def test_migrate_on_empty_database_applies_0001_and_records_it(empty_db: Database) -> None:
@@ -40,8 +46,7 @@ def test_migrate_on_empty_database_applies_0001_and_records_it(empty_db: Databas
     assert applied[0].name == "0001_initial.sql"
     assert _versions(empty_db) == [(m.version, m.name) for m in available()]
     assert current_version(empty_db) == latest_version()
-    tables = set(inspect(empty_db.engine).get_table_names())
-    assert {"turns", "journal", "blobs", "schema_version"} <= tables
+    assert _tables(empty_db) == {"turns", "journal", "blobs", "schema_version"}
     require_current(empty_db)  # does not raise
 
 
@@ -79,44 +84,52 @@ def test_concurrent_cli_migrate_from_four_processes(empty_database_url: str) -> 
     appliers = [out for _, out, _ in results if "applied 0001_initial.sql" in out]
     assert len(appliers) == 1, results
 
-    db = Database(empty_database_url)
-    try:
-        rows = db.execute(
-            text("SELECT version, count(*) AS n FROM schema_version GROUP BY version")
-        ).all()
-        assert sorted((r.version, r.n) for r in rows) == [(m.version, 1) for m in available()]
-    finally:
-        db.close()
+    with psycopg.connect(empty_database_url) as conn:
+        rows = conn.execute("SELECT version, count(*) FROM schema_version GROUP BY version")
+        assert sorted(rows) == [(m.version, 1) for m in available()]
 
 
-def test_migrated_schema_agrees_with_sqlalchemy_metadata(empty_db: Database) -> None:
-    """Columns, types, nullability and primary keys of the SQL files match schema.py."""
-    migrate(empty_db)
-    inspector = inspect(empty_db.engine)
-    dialect = postgresql.dialect()
-    assert set(inspector.get_table_names()) - {"schema_version"} == set(metadata.tables)
+_CATALOG = {
+    "columns": """
+        SELECT table_name, column_name, data_type, is_nullable, column_default
+        FROM information_schema.columns WHERE table_schema = 'public'
+        ORDER BY table_name, ordinal_position""",
+    "constraints": """
+        SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid)
+        FROM pg_constraint WHERE connamespace = 'public'::regnamespace
+        ORDER BY 1, 2""",
+    "indexes": """
+        SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'
+        ORDER BY 1, 2""",
+    "functions": """
+        SELECT proname, pg_get_functiondef(oid) FROM pg_proc
+        WHERE pronamespace = 'public'::regnamespace ORDER BY 1""",
+}
 
-    for name in ("turns", "journal", "blobs"):
-        table = metadata.tables[name]
-        reflected = {column["name"]: column for column in inspector.get_columns(name)}
-        assert list(reflected) == [c.name for c in table.columns], name
-        for column in table.columns:
-            found = reflected[column.name]
-            where = f"{name}.{column.name}"
-            assert found["nullable"] == column.nullable, where
-            assert found["type"].compile(dialect=dialect) == column.type.compile(dialect=dialect), (
-                where
-            )
-        primary_key = inspector.get_pk_constraint(name)["constrained_columns"]
-        assert primary_key == [c.name for c in table.primary_key.columns], name
 
-    journal_fks = {
-        (tuple(fk["constrained_columns"]), fk["referred_table"])
-        for fk in inspector.get_foreign_keys("journal")
-    }
-    assert journal_fks == {(("turn_id",), "turns"), (("output_blob",), "blobs")}
-    uniques = [tuple(u["column_names"]) for u in inspector.get_unique_constraints("turns")]
-    assert ("session_id", "seq") in uniques
+def _catalog(url: str) -> dict[str, list[tuple[object, ...]]]:
+    with psycopg.connect(url) as conn:
+        return {part: conn.execute(sql).fetchall() for part, sql in _CATALOG.items()}
+
+
+def test_migrations_build_exactly_schema_sql(
+    empty_database_url: str, new_database: Callable[[], str]
+) -> None:
+    """Applying every migration gives the schema of sql/schema.sql: the same columns (types,
+    nullability, defaults), constraints, indexes and functions."""
+    migrated = Database(empty_database_url)
+    migrate(migrated)
+    migrated.close()
+    declared_url = new_database()
+    with psycopg.connect(declared_url, autocommit=True) as conn:
+        conn.execute(schema().encode())
+
+    declared = _catalog(declared_url)
+    applied = _catalog(empty_database_url)
+    for part in _CATALOG:
+        assert applied[part] == declared[part], part
+    tables = {row[0] for row in applied["columns"]}
+    assert tables == {"turns", "journal", "blobs", "schema_version"}
 
 
 def test_require_current_on_empty_database_says_to_migrate(empty_db: Database) -> None:

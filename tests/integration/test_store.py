@@ -5,11 +5,13 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import psycopg
 import pytest
-from sqlalchemy import event, text
+from psycopg.rows import namedtuple_row
 
 from durable_agent.errors import LeaseLost
 from durable_agent.journal import Claim, Database, JournalStore, Leases
+from durable_agent.journal import db as db_module
 from durable_agent.settings import Settings
 
 OWNER = "test-owner"
@@ -21,16 +23,13 @@ def _claim(leases: Leases, turn_id: str, owner: str = OWNER, lease: float = 30.0
     return claim.epoch
 
 
-def _rows(db: Database, turn_id: str) -> list[Any]:
-    return list(
-        db.execute(
-            text(
-                "SELECT step, status, output, output_blob, epoch FROM journal "
-                "WHERE turn_id = :t ORDER BY step"
-            ),
-            {"t": turn_id},
-        ).all()
-    )
+def _rows(pg: psycopg.Connection, turn_id: str) -> list[Any]:
+    cursor = pg.cursor(row_factory=namedtuple_row)
+    return cursor.execute(
+        "SELECT step, status, output, output_blob, epoch FROM journal "
+        "WHERE turn_id = %s ORDER BY step",
+        (turn_id,),
+    ).fetchall()
 
 
 def test_create_turn_numbers_turns_within_a_session(store: JournalStore) -> None:
@@ -88,7 +87,7 @@ def test_create_turn_with_explicit_id_is_idempotent(store: JournalStore) -> None
 
 
 def test_load_journal_is_one_query_in_step_order(
-    db: Database, store: JournalStore, leases: Leases
+    store: JournalStore, leases: Leases, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A 1000-step journal, written out of order, loads with one statement, sorted by step."""
     turn = store.create_turn("s", "long")
@@ -100,15 +99,15 @@ def test_load_journal_is_one_query_in_step_order(
         )
 
     statements: list[str] = []
+    real_run = db_module._run
 
-    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        statements.append(statement)
+    def count(conn: Any, query: Any, params: Any) -> Any:
+        statements.append(query.name)
+        return real_run(conn, query, params)
 
-    event.listen(db.engine, "before_cursor_execute", count)
-    try:
-        steps = store.load_journal(turn.turn_id)
-    finally:
-        event.remove(db.engine, "before_cursor_execute", count)
+    monkeypatch.setattr(db_module, "_run", count)
+    steps = store.load_journal(turn.turn_id)
+    monkeypatch.undo()
 
     assert len(statements) == 1, statements
     assert [s.step for s in steps] == list(range(n))
@@ -118,7 +117,7 @@ def test_load_journal_is_one_query_in_step_order(
 
 
 def test_large_outputs_go_to_blobs_and_load_back_identical(
-    db: Database, store: JournalStore, leases: Leases
+    pg: psycopg.Connection, store: JournalStore, leases: Leases
 ) -> None:
     """An output above blob_threshold is stored once by hash; the row keeps only the hash."""
     turn = store.create_turn("s", "big")
@@ -131,13 +130,13 @@ def test_large_outputs_go_to_blobs_and_load_back_identical(
     store.insert_done(turn.turn_id, epoch, 1, "tool", "fetch", {"a": 2}, "safe", big)
     store.insert_done(turn.turn_id, epoch, 2, "tool", "fetch", {"a": 3}, "safe", small)
 
-    rows = _rows(db, turn.turn_id)
+    rows = _rows(pg, turn.turn_id)
     assert [r.output for r in rows[:2]] == [None, None]
     assert rows[0].output_blob is not None and rows[0].output_blob == rows[1].output_blob
     assert rows[2].output == small and rows[2].output_blob is None
-    blobs = db.execute(text("SELECT sha256, size_bytes FROM blobs")).all()
-    assert [b.sha256 for b in blobs] == [rows[0].output_blob]
-    assert blobs[0].size_bytes > store.blob_threshold
+    blobs = pg.execute("SELECT sha256, size_bytes FROM blobs").fetchall()
+    assert [sha for sha, _ in blobs] == [rows[0].output_blob]
+    assert blobs[0][1] > store.blob_threshold
 
     steps = store.load_journal(turn.turn_id)
     assert [s.output for s in steps] == [big, big, small]
@@ -145,15 +144,15 @@ def test_large_outputs_go_to_blobs_and_load_back_identical(
 
 
 def test_write_with_stale_epoch_raises_and_writes_nothing(
-    db: Database, store: JournalStore, leases: Leases
+    pg: psycopg.Connection, store: JournalStore, leases: Leases
 ) -> None:
     """After a new claim moved the epoch on, the old epoch can neither add nor finish steps."""
     turn = store.create_turn("s", "fenced")
     old = _claim(leases, turn.turn_id)
     store.insert_intent(turn.turn_id, old, 0, "tool", "send_email", {"to": "a"}, "never")
     # Let the old claim's lease run out, then another owner takes the turn over.
-    db.execute(
-        text("UPDATE turns SET lease_expires_at = now() - interval '1 second' WHERE turn_id = :t"),
+    pg.execute(
+        "UPDATE turns SET lease_expires_at = now() - interval '1 second' WHERE turn_id = %(t)s",
         {"t": turn.turn_id},
     )
     new = _claim(leases, turn.turn_id, owner="other-owner")
@@ -166,15 +165,15 @@ def test_write_with_stale_epoch_raises_and_writes_nothing(
     with pytest.raises(LeaseLost, match=f"holds epoch {old}"):
         store.record_outcome(turn.turn_id, old, 0, {"content": "sent"})
 
-    rows = _rows(db, turn.turn_id)
+    rows = _rows(pg, turn.turn_id)
     assert [(r.step, r.status, r.output, r.epoch) for r in rows] == [(0, "intent", None, old)]
     # the current epoch still writes
     store.record_outcome(turn.turn_id, new, 0, {"content": "sent"})
-    assert [(r.step, r.status, r.epoch) for r in _rows(db, turn.turn_id)] == [(0, "done", new)]
+    assert [(r.step, r.status, r.epoch) for r in _rows(pg, turn.turn_id)] == [(0, "done", new)]
 
 
 def test_second_intent_at_same_step_is_rejected_by_primary_key(
-    db: Database, store: JournalStore, leases: Leases
+    pg: psycopg.Connection, store: JournalStore, leases: Leases
 ) -> None:
     """Two writers cannot both record step 0: the second intent fails, naming the primary key."""
     turn = store.create_turn("s", "twice")
@@ -184,14 +183,14 @@ def test_second_intent_at_same_step_is_rejected_by_primary_key(
     with pytest.raises(LeaseLost, match=r"primary key \(turn_id, step\)"):
         store.insert_intent(turn.turn_id, epoch, 0, "tool", "send_email", {"to": "b"}, "never")
 
-    rows = _rows(db, turn.turn_id)
+    rows = _rows(pg, turn.turn_id)
     assert len(rows) == 1
     steps = store.load_journal(turn.turn_id)
     assert steps[0].input == {"to": "a"}
 
 
 def test_record_outcome_on_a_done_step_is_rejected(
-    db: Database, store: JournalStore, leases: Leases
+    pg: psycopg.Connection, store: JournalStore, leases: Leases
 ) -> None:
     """An outcome is recorded once: a second record_outcome raises and keeps the first."""
     turn = store.create_turn("s", "once")

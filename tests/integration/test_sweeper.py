@@ -3,75 +3,81 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import psycopg
 import pytest
 import redis
-from sqlalchemy import text
 
 import durable_agent.sweeper as sweeper_module
-from durable_agent.journal import Claim, Database, JournalStore, Leases
-from durable_agent.queue import enqueue
+from durable_agent.journal import Claim, JournalStore, Leases
+from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
-from durable_agent.sweeper import Sweeper
-from durable_agent.testing.harness import queued_turns, wait_until
+from durable_agent.testing.harness import queued_turns
+
+if TYPE_CHECKING:
+    from conftest import DatabaseClock
 
 
-def _enqueued_at(db: Database, turn_id: str) -> Any:
-    return db.execute(
-        text("SELECT enqueued_at FROM turns WHERE turn_id = :t"), {"t": turn_id}
-    ).scalar_one()
+def _enqueued_at(pg: psycopg.Connection, turn_id: str) -> Any:
+    row = pg.execute("SELECT enqueued_at FROM turns WHERE turn_id = %s", (turn_id,)).fetchone()
+    assert row is not None
+    return row[0]
 
 
-def _backdate(db: Database, turn_id: str, seconds: int = 3600) -> None:
+def _backdate(pg: psycopg.Connection, turn_id: str, seconds: int = 3600) -> None:
     """Make the turn look recorded (and, if sent, enqueued) long ago."""
-    db.execute(
-        text(
-            "UPDATE turns SET created_at = created_at - make_interval(secs => :s), "
-            "enqueued_at = enqueued_at - make_interval(secs => :s) WHERE turn_id = :t"
-        ),
+    pg.execute(
+        "UPDATE turns SET created_at = created_at - make_interval(secs => %(s)s), "
+        "enqueued_at = enqueued_at - make_interval(secs => %(s)s) WHERE turn_id = %(t)s",
         {"s": seconds, "t": turn_id},
     )
 
 
 def test_never_enqueued_turn_is_sent_after_the_grace_period(
-    settings: Settings, db: Database, store: JournalStore, redis_client: redis.Redis
+    settings: Settings,
+    pg: psycopg.Connection,
+    clock: DatabaseClock,
+    store: JournalStore,
+    redis_client: redis.Redis,
 ) -> None:
     """A turn recorded but never sent waits out the grace period, then is sent once."""
     settings = settings.model_copy(update={"requeue_after_seconds": 3.0})
-    sweeper = Sweeper(settings, db)
+    sweeper = Runtime(settings).sweeper()
     assert sweeper.grace_seconds == 3.0
     turn = store.create_turn("s", "hi")
 
     assert sweeper.sweep_once() == []  # still within the grace period
     assert redis_client.llen(settings.queue) == 0
-    assert _enqueued_at(db, turn.turn_id) is None
+    assert _enqueued_at(pg, turn.turn_id) is None
 
-    sent = wait_until(sweeper.sweep_once, 20, "the sweeper to send the turn", interval=0.2)
+    clock.advance(3.1)
+    sent = sweeper.sweep_once()
 
     assert sent == [("s", turn.turn_id, "never enqueued")]
     assert redis_client.llen(settings.queue) == 1
     assert queued_turns(redis_client, settings.queue) == [("s", turn.turn_id)]
-    assert _enqueued_at(db, turn.turn_id) is not None
+    assert _enqueued_at(pg, turn.turn_id) is not None
     assert sweeper.sweep_once() == []  # marked: not sent again on the next pass
     assert redis_client.llen(settings.queue) == 1
 
 
 def test_expired_claim_is_resent_once_not_on_every_pass(
-    settings: Settings,
-    db: Database,
+    runtime: Runtime,
+    clock: DatabaseClock,
     store: JournalStore,
     leases: Leases,
     redis_client: redis.Redis,
 ) -> None:
     """A running turn whose lease ran out is sent again once; later passes leave it alone."""
-    sweeper = Sweeper(settings, db)
+    settings, sweeper = runtime.settings, runtime.sweeper()
     turn = store.create_turn("s", "hi")
-    enqueue(settings, store, "s", turn.turn_id)
-    assert isinstance(leases.claim(turn.turn_id, "dead-worker", 2.0), Claim)
+    runtime.enqueue("s", turn.turn_id)
+    assert isinstance(leases.claim(turn.turn_id, "dead-worker", 20.0), Claim)
     assert sweeper.sweep_once() == []  # its message went out and the lease is live
 
-    sent = wait_until(sweeper.sweep_once, 20, "the expired claim to be re-sent", interval=0.1)
+    clock.advance(20.1)
+    sent = sweeper.sweep_once()
 
     assert sent == [("s", turn.turn_id, "claim expired")]
     assert queued_turns(redis_client, settings.queue) == [("s", turn.turn_id)] * 2
@@ -82,45 +88,45 @@ def test_expired_claim_is_resent_once_not_on_every_pass(
 
 
 def test_turn_with_live_lease_is_not_sent(
-    settings: Settings,
-    db: Database,
+    runtime: Runtime,
+    pg: psycopg.Connection,
     store: JournalStore,
     leases: Leases,
     redis_client: redis.Redis,
 ) -> None:
     """An old, never-enqueued turn is left alone while a live lease holds it."""
-    sweeper = Sweeper(settings, db)
+    settings, sweeper = runtime.settings, runtime.sweeper()
     held = store.create_turn("held", "hi")
     free = store.create_turn("free", "hi")
     assert isinstance(leases.claim(held.turn_id, "busy-worker", 60.0), Claim)
-    _backdate(db, held.turn_id)
-    _backdate(db, free.turn_id)
+    _backdate(pg, held.turn_id)
+    _backdate(pg, free.turn_id)
 
     sent = sweeper.sweep_once()
 
     assert sent == [("free", free.turn_id, "never enqueued")]
     assert queued_turns(redis_client, settings.queue) == [("free", free.turn_id)]
-    assert _enqueued_at(db, held.turn_id) is None
+    assert _enqueued_at(pg, held.turn_id) is None
 
 
 def test_later_turn_of_a_session_waits_for_the_earlier_one(
-    settings: Settings, db: Database, store: JournalStore, redis_client: redis.Redis
+    runtime: Runtime, pg: psycopg.Connection, store: JournalStore, redis_client: redis.Redis
 ) -> None:
     """Only the first open turn of a session is sent; the next one would only wait."""
-    sweeper = Sweeper(settings, db)
+    settings, sweeper = runtime.settings, runtime.sweeper()
     first = store.create_turn("s", "one")
     second = store.create_turn("s", "two")
-    _backdate(db, first.turn_id)
-    _backdate(db, second.turn_id)
+    _backdate(pg, first.turn_id)
+    _backdate(pg, second.turn_id)
 
     assert sweeper.sweep_once() == [("s", first.turn_id, "never enqueued")]
     assert queued_turns(redis_client, settings.queue) == [("s", first.turn_id)]
-    assert _enqueued_at(db, second.turn_id) is None
+    assert _enqueued_at(pg, second.turn_id) is None
 
 
 def test_two_sweepers_at_once_only_one_does_the_pass(
     settings: Settings,
-    db: Database,
+    pg: psycopg.Connection,
     store: JournalStore,
     redis_client: redis.Redis,
     monkeypatch: pytest.MonkeyPatch,
@@ -128,7 +134,7 @@ def test_two_sweepers_at_once_only_one_does_the_pass(
     """While one sweeper is inside its pass, a second one (own connection) does nothing."""
     turns = [store.create_turn(f"s{i}", "hi") for i in range(3)]
     for turn in turns:
-        _backdate(db, turn.turn_id)
+        _backdate(pg, turn.turn_id)
 
     real_send = sweeper_module.send
     inside = threading.Event()
@@ -141,16 +147,17 @@ def test_two_sweepers_at_once_only_one_does_the_pass(
 
     monkeypatch.setattr(sweeper_module, "send", slow_send)
     first_result: list[list[tuple[str, str, str]]] = []
-    first = threading.Thread(target=lambda: first_result.append(Sweeper(settings, db).sweep_once()))
+    one, other = Runtime(settings), Runtime(settings)  # each with its own connections
+    first = threading.Thread(target=lambda: first_result.append(one.sweeper().sweep_once()))
     first.start()
-    other_db = Database(settings.database_url)
     try:
         assert inside.wait(timeout=30), "the first sweeper never reached send()"
-        second_result = Sweeper(settings, other_db).sweep_once()
+        second_result = other.sweeper().sweep_once()
     finally:
         other_done.set()
         first.join(timeout=30)
-        other_db.close()
+        one.close()
+        other.close()
 
     assert second_result == []
     assert len(first_result) == 1
@@ -160,24 +167,28 @@ def test_two_sweepers_at_once_only_one_does_the_pass(
 
 
 def test_a_deferred_turn_is_sent_once_when_it_is_due(
-    settings: Settings,
-    db: Database,
+    runtime: Runtime,
+    clock: DatabaseClock,
     store: JournalStore,
     leases: Leases,
     redis_client: redis.Redis,
 ) -> None:
     """A turn given back after a model outage (not_before in the future) is not sent early,
     is sent once when due, and not again on later passes: deliveries schedule nothing."""
+    settings = runtime.settings
     turn = store.create_turn("s-deferred", "hello")
-    enqueue(settings, store, "s-deferred", turn.turn_id)
+    runtime.enqueue("s-deferred", turn.turn_id)
     redis_client.delete(settings.queue)  # the first delivery took its message
     claim = leases.claim(turn.turn_id, "w1", 30)
     assert isinstance(claim, Claim)
-    assert leases.release(turn.turn_id, claim.epoch, 0.6, "model API down (will retry)")
-    sweeper = Sweeper(settings, db)
+    assert leases.release(turn.turn_id, claim.epoch, 20.0, "model API down (will retry)")
+    sweeper = runtime.sweeper()
 
     assert sweeper.sweep_once() == []  # not due yet
-    wait_until(lambda: sweeper.sweep_once(), 10, "the deferred turn to be sent when due")
+    clock.advance(19.0)
+    assert sweeper.sweep_once() == []  # still not due
+    clock.advance(1.1)
+    assert sweeper.sweep_once() == [("s-deferred", turn.turn_id, "deferral due")]
     assert queued_turns(redis_client, settings.queue) == [("s-deferred", turn.turn_id)]
     assert sweeper.sweep_once() == []
     assert queued_turns(redis_client, settings.queue) == [("s-deferred", turn.turn_id)]

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from sqlalchemy import text
 
 from durable_agent.faults import CrashPoint, Faults
-from durable_agent.journal import Claim, Database, JournalStore, Leases
+from durable_agent.journal import Claim, JournalStore, Leases
 from durable_agent.journal.records import Step
+from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
 from durable_agent.testing import (
     ScriptedModelServer,
@@ -27,9 +27,11 @@ from durable_agent.testing import (
     reply,
     tool_call,
 )
-from durable_agent.testing.harness import wait_until
 from durable_agent.tools import ToolRegistry, load_tools
 from durable_agent.worker import Delivery, TurnWorker
+
+if TYPE_CHECKING:
+    from conftest import DatabaseClock
 
 MESSAGE = "Please email the note launch to ada@example.com"
 REPLY = "Done: the note 'launch' was sent to ada@example.com."
@@ -65,7 +67,7 @@ def model_server() -> Iterator[ScriptedModelServer]:
 
 @pytest.fixture
 def tools() -> ToolRegistry:
-    return load_tools(["workers.email_tools"])
+    return load_tools(["durable_agent_examples.email_tools"])
 
 
 @pytest.fixture
@@ -75,15 +77,19 @@ def worker_settings(settings: Settings, model_server: ScriptedModelServer) -> Se
 
 @pytest.fixture
 def make_worker(
-    worker_settings: Settings, db: Database, tools: ToolRegistry, inbox: SmtpInbox
-) -> Callable[..., TurnWorker]:
+    worker_settings: Settings, tools: ToolRegistry, inbox: SmtpInbox
+) -> Iterator[Callable[..., TurnWorker]]:
     """TurnWorker factory: settings overrides as keywords, optional crash point."""
+    runtimes: list[Runtime] = []
 
     def make(crash: tuple[int, CrashPoint] | None = None, **overrides: Any) -> TurnWorker:
-        settings = worker_settings.model_copy(update=overrides)
-        return TurnWorker(settings, db=db, tools=tools, faults=CrashAt(crash))
+        runtime = Runtime(worker_settings.model_copy(update=overrides), tools=tools)
+        runtimes.append(runtime)
+        return TurnWorker(runtime, faults=CrashAt(crash))
 
-    return make
+    yield make
+    for runtime in runtimes:
+        runtime.close()
 
 
 def _journal(store: JournalStore, turn_id: str) -> list[Step]:
@@ -94,15 +100,15 @@ def _names(steps: list[Step]) -> list[str]:
     return [s.name for s in steps]
 
 
-def _handle_when_free(worker: TurnWorker, turn_id: str, timeout: float = 20.0) -> Delivery:
-    """Deliver the turn again and again until the worker gets to run it."""
-
-    def attempt() -> Delivery | None:
+def _handle_when_free(worker: TurnWorker, turn_id: str, clock: DatabaseClock) -> Delivery:
+    """Deliver the turn; while it is refused (a lease or a deferral still runs), move the
+    database's clock on and deliver it again."""
+    for _ in range(10):
         delivery = worker.handle(turn_id)
-        return None if delivery.outcome == "refused" else delivery
-
-    result: Delivery = wait_until(attempt, timeout, f"a delivery of {turn_id} to run", 0.1)
-    return result
+        if delivery.outcome != "refused":
+            return delivery
+        clock.advance(10.0)
+    raise AssertionError(f"turn {turn_id} still refused: {delivery.detail}")
 
 
 def _crash_in_thread(worker: TurnWorker, turn_id: str) -> None:
@@ -186,6 +192,7 @@ def test_resume_after_crash_inside_never_tool_does_not_send_again(
     store: JournalStore,
     inbox: SmtpInbox,
     model_server: ScriptedModelServer,
+    clock: DatabaseClock,
 ) -> None:
     """send_email ran, then the worker died: the resumed turn reads back the finished steps,
     records 'may or may not have happened' instead of sending, and checks the outbox."""
@@ -201,7 +208,7 @@ def test_resume_after_crash_inside_never_tool_does_not_send_again(
     ]
     assert model_server.request_count == 2
 
-    delivery = _handle_when_free(make_worker(), turn.turn_id)
+    delivery = _handle_when_free(make_worker(), turn.turn_id, clock)
 
     assert (delivery.outcome, delivery.detail) == ("done", REPLY)
     assert delivery.read_back == [0, 1, 2]
@@ -226,6 +233,7 @@ def test_resume_after_crash_before_never_tool_retries_with_the_same_key(
     store: JournalStore,
     inbox: SmtpInbox,
     model_server: ScriptedModelServer,
+    clock: DatabaseClock,
 ) -> None:
     """The worker died with send_email's intent committed but before sending: the resumed turn
     does not send blindly; the outbox is empty, so the model sends once, reusing the key."""
@@ -234,7 +242,7 @@ def test_resume_after_crash_before_never_tool_retries_with_the_same_key(
     assert inbox.count == 0
     interrupted_key = _journal(store, turn.turn_id)[3].input["idempotency_key"]
 
-    delivery = _handle_when_free(make_worker(), turn.turn_id)
+    delivery = _handle_when_free(make_worker(), turn.turn_id, clock)
 
     assert (delivery.outcome, delivery.detail) == ("done", REPLY)
     steps = _journal(store, turn.turn_id)
@@ -252,13 +260,14 @@ def test_resume_reruns_an_interrupted_safe_tool(
     store: JournalStore,
     inbox: SmtpInbox,
     model_server: ScriptedModelServer,
+    clock: DatabaseClock,
 ) -> None:
     """A safe tool whose outcome was lost (lookup_note) simply runs again on resume."""
     turn = store.create_turn("s", MESSAGE)
     _crash_in_thread(make_worker(crash=(1, "after_run"), lease_seconds=0.5), turn.turn_id)
     assert [s.status for s in _journal(store, turn.turn_id)] == ["done", "intent"]
 
-    delivery = _handle_when_free(make_worker(), turn.turn_id)
+    delivery = _handle_when_free(make_worker(), turn.turn_id, clock)
 
     assert (delivery.outcome, delivery.detail) == ("done", REPLY)
     assert delivery.read_back == [0] and delivery.executed == [1, 2, 3, 4]
@@ -271,10 +280,10 @@ def test_resume_reruns_an_interrupted_safe_tool(
 
 def test_model_failing_with_500_defers_the_turn_and_keeps_its_journal(
     make_worker: Callable[..., TurnWorker],
-    db: Database,
     store: JournalStore,
     inbox: SmtpInbox,
     model_server: ScriptedModelServer,
+    clock: DatabaseClock,
 ) -> None:
     """500 on every model request: the delivery is deferred, the turn is queued again with the
     error, and its journal is kept; once the model is back the turn resumes and finishes."""
@@ -286,18 +295,14 @@ def test_model_failing_with_500_defers_the_turn_and_keeps_its_journal(
 
     assert delivery.outcome == "deferred", delivery
     assert "500" in delivery.detail
-    assert delivery.retry_in is not None and delivery.retry_in > 0
     assert model_server.request_count == 2
     queued = store.get_turn(turn.turn_id)
     assert (queued.status, queued.lease_owner) == ("queued", None)
     assert queued.error is not None and "500" in queued.error and "will retry" in queued.error
-    not_before = db.execute(
-        text("SELECT not_before > now() FROM turns WHERE turn_id = :t"), {"t": turn.turn_id}
-    ).scalar()
-    assert not_before is True
+    assert queued.not_before is not None and queued.not_before > queued.updated_at
     assert [(s.name, s.status) for s in _journal(store, turn.turn_id)] == [("llm", "intent")]
 
-    resumed = _handle_when_free(worker, turn.turn_id)
+    resumed = _handle_when_free(worker, turn.turn_id, clock)
 
     assert (resumed.outcome, resumed.detail) == ("done", REPLY)
     assert [s.status for s in _journal(store, turn.turn_id)] == ["done"] * 5
@@ -309,6 +314,7 @@ def test_model_failing_mid_turn_keeps_finished_steps(
     store: JournalStore,
     inbox: SmtpInbox,
     model_server: ScriptedModelServer,
+    clock: DatabaseClock,
 ) -> None:
     """The model breaks after the email went out: the deferred turn keeps the done steps and
     the resumed delivery reads them back, so the email is not sent twice."""
@@ -343,7 +349,7 @@ def test_model_failing_mid_turn_keeps_finished_steps(
     assert inbox.count == 1
 
     broken.clear()
-    resumed = _handle_when_free(worker, turn.turn_id)
+    resumed = _handle_when_free(worker, turn.turn_id, clock)
 
     assert (resumed.outcome, resumed.detail) == ("done", REPLY)
     assert resumed.read_back == [0, 1, 2, 3] and resumed.executed == [4]
@@ -418,6 +424,7 @@ def test_turn_at_crash_cap_is_failed_on_next_claim(
     store: JournalStore,
     leases: Leases,
     model_server: ScriptedModelServer,
+    clock: DatabaseClock,
 ) -> None:
     """A turn whose worker died max_crashes times is failed with the reason, not run again."""
     turn = store.create_turn("s", MESSAGE)
@@ -425,7 +432,7 @@ def test_turn_at_crash_cap_is_failed_on_next_claim(
     assert isinstance(dead, Claim)
     store.insert_intent(turn.turn_id, dead.epoch, 0, "model", "llm", {"messages": 2}, "safe")
 
-    delivery = _handle_when_free(make_worker(max_crashes=1), turn.turn_id)
+    delivery = _handle_when_free(make_worker(max_crashes=1), turn.turn_id, clock)
 
     assert delivery.outcome == "failed"
     assert "died 1 times" in delivery.detail

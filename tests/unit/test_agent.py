@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from durable_agent import StepLimitReached, TurnFailed, tool
 from durable_agent.agent import initial_messages, run_agent
-from durable_agent.journal.codec import digest, dumps
+from durable_agent.journal.codec import digest
 from durable_agent.journal.records import Step
 from durable_agent.model import ModelSwitchedOff
 from durable_agent.runner import StepRunner
+from durable_agent.testing import MemoryJournal
 from durable_agent.tools import ToolRegistry
 
 RUNS: list[tuple[str, Any]] = []
@@ -47,66 +47,12 @@ def send(to: str, body: str, *, idempotency_key: str) -> str:
 TOOLS = ToolRegistry([lookup, send])
 
 
-class MemoryStore:
-    """Journal rows in memory: the three writes StepRunner makes."""
-
+class MemoryStore(MemoryJournal):
     def __init__(self) -> None:
-        self.rows: dict[int, Step] = {}
-
-    def _put(
-        self,
-        turn_id: str,
-        step: int,
-        kind: str,
-        name: str,
-        input: Any,
-        replay: Any,
-        status: str,
-        output: Any,
-        epoch: int,
-    ) -> None:
-        now = datetime.now(UTC)
-        self.rows[step] = Step(
-            turn_id=turn_id,
-            step=step,
-            kind=cast(Any, kind),
-            name=name,
-            input=json.loads(dumps(input)),
-            replay=replay,
-            status=cast(Any, status),
-            output=None if output is None else json.loads(dumps(output)),
-            epoch=epoch,
-            created_at=now,
-            finished_at=now if status == "done" else None,
-        )
-
-    def insert_intent(
-        self, turn_id: str, epoch: int, step: int, kind: str, name: str, input: Any, replay: Any
-    ) -> None:
-        assert step not in self.rows
-        self._put(turn_id, step, kind, name, input, replay, "intent", None, epoch)
-
-    def insert_done(
-        self,
-        turn_id: str,
-        epoch: int,
-        step: int,
-        kind: str,
-        name: str,
-        input: Any,
-        replay: Any,
-        output: Any,
-    ) -> None:
-        assert step not in self.rows
-        self._put(turn_id, step, kind, name, input, replay, "done", output, epoch)
-
-    def record_outcome(self, turn_id: str, epoch: int, step: int, output: Any) -> None:
-        row = self.rows[step]
-        assert row.status == "intent"
-        self._put(turn_id, step, row.kind, row.name, row.input, row.replay, "done", output, epoch)
+        super().__init__("turn_agent", 1)
 
     def journal(self) -> list[Step]:
-        return [self.rows[step] for step in sorted(self.rows)]
+        return self.steps()
 
 
 class AlwaysClaimed:
@@ -162,11 +108,9 @@ def _call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def runner_for(store: MemoryStore, journal: list[Step], max_steps: int = 64) -> StepRunner:
+    store.rows = {row.step: row for row in journal}
     return StepRunner(
-        store=cast(Any, store),
-        turn_id="turn_agent",
-        epoch=1,
-        journal=journal,
+        store,
         tools=TOOLS,
         guard=AlwaysClaimed(),
         max_steps=max_steps,
@@ -319,10 +263,7 @@ def test_no_tools_means_no_tools_key() -> None:
 
     store = MemoryStore()
     runner = StepRunner(
-        store=cast(Any, store),
-        turn_id="turn_plain",
-        epoch=1,
-        journal=[],
+        store,
         tools=ToolRegistry(),
         guard=AlwaysClaimed(),
     )

@@ -132,16 +132,18 @@ def test_unreachable_database_prints_one_error_line(args: list[str]) -> None:
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
-        ("nonsense", "Could not parse"),
+        ("nonsense", "needs PostgreSQL"),
         ("mysql://u:s3cret-pw@127.0.0.1/db", "needs PostgreSQL"),
         ("sqlite:///tmp/durable-agent-unit.db", "needs PostgreSQL"),
-        ("postgresql+psycopg2://u:s3cret-pw@127.0.0.1:1/db", "psycopg2"),
+        ("postgresql://u:s3cret-pw@127.0.0.1:99999/db", "is not a port"),
+        ("postgresql://u:s3cret-pw@127.0.0.1/db?frobnicate=1", "invalid URI query parameter"),
     ],
 )
 def test_bad_database_url_prints_one_error_line(url: str, expected: str) -> None:
-    """A URL that is not a usable PostgreSQL URL: one 'error:' line, no traceback, no password."""
+    """A URL that is not a usable PostgreSQL URL: one 'error:' line, no traceback, no password,
+    exit 2 (a configuration error)."""
     result = cli("turns", DURABLE_AGENT_DATABASE_URL=url)
-    assert result.returncode == 1
+    assert result.returncode == 2
     line = assert_one_error_line(result)
     assert "bad database URL" in line and expected in line
     assert "s3cret-pw" not in result.stderr + result.stdout

@@ -17,6 +17,7 @@ EXPECTED = [
     "LeaseLost",
     "ModelUnavailable",
     "ReplayDiverged",
+    "Runtime",
     "ServiceUnavailable",
     "Settings",
     "Step",
@@ -26,9 +27,11 @@ EXPECTED = [
     "Turn",
     "TurnFailed",
     "TurnNotFound",
+    "TurnStatus",
     "current_call",
     "get_turn",
     "run_turn",
+    "runtime_for",
     "start_turn",
     "still_claimed",
     "tool",
@@ -98,8 +101,8 @@ def test_unknown_attribute_raises_attribute_error() -> None:
 def test_beat_schedule_runs_the_sweeper() -> None:
     """`celery -A durable_agent.tasks beat` sweeps every sweep interval out of the box."""
     from durable_agent.celery_app import SWEEP_TASK_NAME
-    from durable_agent.tasks import app, settings
+    from durable_agent.tasks import app, runtime
 
     entry = app.conf.beat_schedule["durable-agent-sweep"]
-    assert entry == {"task": SWEEP_TASK_NAME, "schedule": settings.sweep_interval_seconds}
+    assert entry == {"task": SWEEP_TASK_NAME, "schedule": runtime.settings.sweep_interval_seconds}
     assert SWEEP_TASK_NAME in app.tasks

@@ -1,15 +1,14 @@
 """Unit tests of StepRunner, the replay-aware step table, against an in-memory journal.
 
-The fake store keeps rows the way the real one does (an intent, then its outcome) and logs
-every write in one event list shared with the tools and the guard, so a test can assert the
-order of "intent committed", "tool ran" and "outcome recorded".
+The journal is the public in-memory one of ``durable_agent.testing``; it logs every write in
+one event list shared with the tools and the guard, so a test can assert the order of
+"intent committed", "tool ran" and "outcome recorded".
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
@@ -22,9 +21,9 @@ from durable_agent import (
     still_claimed,
     tool,
 )
-from durable_agent.journal.codec import dumps
 from durable_agent.journal.records import Step
 from durable_agent.runner import MODEL_STEP_NAME, POSSIBLY_RAN, StepRunner
+from durable_agent.testing import MemoryJournal, Write, make_step
 from durable_agent.tools import ToolRegistry
 
 Event = tuple[Any, ...]
@@ -110,57 +109,26 @@ class FakeGuard:
         return not self.lost
 
 
-class FakeStore:
-    """The three journal writes of JournalStore, kept in memory and logged in EVENTS."""
+class FakeStore(MemoryJournal):
+    """The in-memory journal of durable_agent.testing, logging every write in EVENTS."""
 
-    def __init__(self, journal: list[Step] | None = None) -> None:
-        self.rows: dict[int, Step] = {row.step: row for row in journal or []}
+    def __init__(self, journal: list[Step] | None = None, turn_id: str = "turn_unit") -> None:
+        super().__init__(turn_id, 7, journal or [], before_write=self._log)
         self.crash_on_outcome = False
         self.on_intent: Callable[[], None] | None = None
 
-    def insert_intent(
-        self,
-        turn_id: str,
-        epoch: int,
-        step: int,
-        kind: str,
-        name: str,
-        input: dict[str, Any],
-        replay: str | None,
-    ) -> None:
-        assert step not in self.rows, f"a second intent at step {step}"
-        EVENTS.append(("insert_intent", step, kind, name))
-        self.rows[step] = make_row(turn_id, step, kind, name, input, replay, "intent", None, epoch)
-        if self.on_intent is not None:
+    def _log(self, write: Write) -> None:
+        if write.op == "outcome":
+            if self.crash_on_outcome:
+                raise SimulatedCrash(f"died before recording step {write.step}")
+            EVENTS.append(("record_outcome", write.step))
+        else:
+            EVENTS.append((f"insert_{write.op}", write.step, write.kind, write.name))
+        if write.op == "intent" and self.on_intent is not None:
             self.on_intent()
 
-    def insert_done(
-        self,
-        turn_id: str,
-        epoch: int,
-        step: int,
-        kind: str,
-        name: str,
-        input: dict[str, Any],
-        replay: str | None,
-        output: Any,
-    ) -> None:
-        assert step not in self.rows, f"a second row at step {step}"
-        EVENTS.append(("insert_done", step, kind, name))
-        self.rows[step] = make_row(turn_id, step, kind, name, input, replay, "done", output, epoch)
-
-    def record_outcome(self, turn_id: str, epoch: int, step: int, output: Any) -> None:
-        row = self.rows[step]
-        assert row.status == "intent", f"step {step} already has an outcome"
-        if self.crash_on_outcome:
-            raise SimulatedCrash(f"died before recording step {step}")
-        EVENTS.append(("record_outcome", step))
-        self.rows[step] = make_row(
-            turn_id, step, row.kind, row.name, row.input, row.replay, "done", output, epoch
-        )
-
     def journal(self) -> list[Step]:
-        return [self.rows[step] for step in sorted(self.rows)]
+        return self.steps()
 
 
 def make_row(
@@ -175,19 +143,16 @@ def make_row(
     epoch: int = 1,
 ) -> Step:
     """A journal row as the real store would read it back (JSON round-tripped)."""
-    now = datetime.now(UTC)
-    return Step(
+    return make_step(
+        step,
+        cast(Any, kind),
+        name,
+        input,
+        cast(Any, replay),
+        cast(Any, status),
+        output,
         turn_id=turn_id,
-        step=step,
-        kind=cast(Any, kind),
-        name=name,
-        input=json.loads(dumps(input)),
-        replay=cast(Any, replay),
-        status=cast(Any, status),
-        output=None if output is None else json.loads(dumps(output)),
         epoch=epoch,
-        created_at=now,
-        finished_at=now if status == "done" else None,
     )
 
 
@@ -199,12 +164,9 @@ def make_runner(
     max_steps: int = 64,
     strict: bool = False,
 ) -> tuple[StepRunner, FakeStore, FakeGuard]:
-    store, guard = FakeStore(journal), FakeGuard()
+    store, guard = FakeStore(journal, turn_id), FakeGuard()
     runner = StepRunner(
-        store=cast(Any, store),
-        turn_id=turn_id,
-        epoch=7,
-        journal=list(journal or []),
+        store,
         tools=tools,
         guard=guard,
         max_steps=max_steps,

@@ -8,6 +8,7 @@ import pydantic
 import pytest
 
 from durable_agent import Settings
+from durable_agent.journal.db import conninfo_for
 
 
 @pytest.fixture(autouse=True)
@@ -21,7 +22,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_defaults_without_environment() -> None:
     """With nothing set, the documented defaults apply."""
     settings = Settings()
-    assert settings.database_url == "postgresql+psycopg://root@127.0.0.1:5432/root"
+    assert settings.database_url == "postgresql://root@127.0.0.1:5432/root"
     assert settings.broker_url == "redis://127.0.0.1:6379/0"
     assert settings.queue == "durable-agent"
     assert settings.openai_base_url is None and settings.openai_api_key is None
@@ -50,19 +51,17 @@ def test_env_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("given", "expected"),
     [
-        ("postgresql://root@127.0.0.1:5432/db", "postgresql+psycopg://root@127.0.0.1:5432/db"),
-        ("postgres://u:p@host/db", "postgresql+psycopg://u:p@host/db"),
-        ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
-        ("sqlite:///x.db", "sqlite:///x.db"),
+        ("postgresql://root@127.0.0.1:5432/db", "postgresql://root@127.0.0.1:5432/db"),
+        ("postgres://u:p@host/db", "postgresql://u:p@host/db"),
+        ("postgresql+psycopg://u@h/db", "postgresql://u@h/db"),
+        ("postgresql+psycopg2://u@h/db", "postgresql://u@h/db"),
     ],
 )
-def test_database_url_uses_psycopg3(
-    monkeypatch: pytest.MonkeyPatch, given: str, expected: str
+def test_database_urls_of_every_spelling_reach_postgres_through_psycopg(
+    given: str, expected: str
 ) -> None:
-    """Plain postgresql:// and postgres:// URLs get the psycopg (v3) driver; others are kept."""
-    monkeypatch.setenv("DURABLE_AGENT_DATABASE_URL", given)
-    assert Settings().database_url == expected
-    assert Settings(database_url=given).database_url == expected
+    """postgresql://, postgres:// and SQLAlchemy's postgresql+driver:// all name Postgres."""
+    assert conninfo_for(given) == expected
 
 
 def test_openai_aliases(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,10 +94,10 @@ def test_openai_fields_by_name_in_code() -> None:
     ("value", "modules"),
     [
         ("", []),
-        ("workers.email_tools", ["workers.email_tools"]),
+        ("durable_agent_examples.email_tools", ["durable_agent_examples.email_tools"]),
         (
-            " workers.email_tools, ,workers.payments_tools ,",
-            ["workers.email_tools", "workers.payments_tools"],
+            " durable_agent_examples.email_tools, ,durable_agent_examples.payments_tools ,",
+            ["durable_agent_examples.email_tools", "durable_agent_examples.payments_tools"],
         ),
     ],
 )

@@ -278,8 +278,8 @@ def test_parse_docstring_sections() -> None:
 
 
 def test_load_example_email_tools() -> None:
-    """load_tools('workers.email_tools') finds its three tools with their labels."""
-    registry = load_tools(["workers.email_tools"])
+    """load_tools('durable_agent_examples.email_tools') finds its three tools with their labels."""
+    registry = load_tools(["durable_agent_examples.email_tools"])
     assert registry.names() == ["list_sent_emails", "lookup_note", "send_email"]
     labels = {t.name: t.replay for t in registry}
     assert labels == {"list_sent_emails": "safe", "lookup_note": "safe", "send_email": "never"}
@@ -326,7 +326,7 @@ def test_load_module_with_unlabelled_tool(tools_module: Path) -> None:
 
 def test_relabelled_copies_with_new_labels() -> None:
     """relabelled() changes only the named tools, in a copy; the original keeps its labels."""
-    registry = load_tools(["workers.email_tools"])
+    registry = load_tools(["durable_agent_examples.email_tools"])
     wrong = registry.relabelled({"send_email": "safe"})
     assert {t.name: t.replay for t in wrong} == {
         "list_sent_emails": "safe",

@@ -9,40 +9,53 @@ diverged and why (a changed system prompt, a changed tool, a journal missing an 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..agent import initial_messages, run_agent
-from ..errors import DurableAgentError, TurnFailed
-from ..journal import JournalStore
-from ..model import ModelSwitchedOff
-from ..runner import StepRunner
-from ..settings import Settings
-from ..tools import ToolRegistry
+from .agent import initial_messages, run_agent
+from .errors import DurableAgentError, TurnFailed
+from .journal.records import Kind, Replay, Step
+from .model import ModelSwitchedOff
+from .runner import StepRunner
+from .tools import ToolRegistry
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
 
 class ReplayWrite(TurnFailed):
     """The replay needed to write: the journal has no outcome for a step."""
 
 
-class _ReadOnlyJournal:
-    """Stands in for the store during a replay: any write means the journal was incomplete."""
+class ReadOnlyJournal:
+    """A turn's recorded steps, for a replay: any write means the journal was incomplete."""
 
-    def __init__(self, store: JournalStore) -> None:
-        self.store = store
+    def __init__(self, turn_id: str, epoch: int, steps: list[Step]) -> None:
+        self.turn_id = turn_id
+        self.epoch = epoch
+        self._steps = steps
+
+    def steps(self) -> list[Step]:
+        return self._steps
 
     def insert_intent(
-        self, turn_id: str, epoch: int, step: int, kind: str, name: str, *a: Any
+        self, step: int, kind: Kind, name: str, input: dict[str, Any], replay: Replay | None
     ) -> None:
         raise ReplayWrite(
             f"step {step} ({kind} {name}) is not in the journal: the replay needed to run it"
         )
 
     def insert_done(
-        self, turn_id: str, epoch: int, step: int, kind: str, name: str, *a: Any
+        self,
+        step: int,
+        kind: Kind,
+        name: str,
+        input: dict[str, Any],
+        replay: Replay | None,
+        output: Any,
     ) -> None:
         raise ReplayWrite(f"step {step} ({kind} {name}) is not in the journal")
 
-    def record_outcome(self, turn_id: str, epoch: int, step: int, output: Any) -> None:
+    def record_outcome(self, step: int, output: Any) -> None:
         raise ReplayWrite(f"step {step} has an intent but no outcome in the journal")
 
 
@@ -77,9 +90,23 @@ class ReplayReport:
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "ok": self.ok}
 
+    def describe(self) -> str:
+        """What the replay found, in words."""
+        if self.ok:
+            return (
+                f"replayed {self.turn_id}: {self.steps_replayed} steps read back, "
+                f"{self.model_calls} model calls, same reply:\n{self.replayed_reply}"
+            )
+        return (
+            f"diverged {self.turn_id} at step {self.diverged_at}: {self.reason} "
+            f"({self.model_calls} model calls attempted, "
+            f"{self.steps_replayed}/{self.steps_in_journal} steps)"
+        )
 
-def replay_turn(store: JournalStore, settings: Settings, turn_id: str) -> ReplayReport:
+
+def replay_turn(runtime: Runtime, turn_id: str) -> ReplayReport:
     """Recompute a finished turn from its journal alone."""
+    store, settings = runtime.journal, runtime.settings
     turn = store.get_turn(turn_id)
     if turn.status != "done":
         raise DurableAgentError(
@@ -89,10 +116,7 @@ def replay_turn(store: JournalStore, settings: Settings, turn_id: str) -> Replay
     inert = ToolRegistry()  # no tool can run: every tool step must be read back
     model = ModelSwitchedOff()
     runner = StepRunner(
-        store=_ReadOnlyJournal(store),  # type: ignore[arg-type]
-        turn_id=turn_id,
-        epoch=turn.lease_epoch,
-        journal=journal,
+        ReadOnlyJournal(turn_id, turn.lease_epoch, journal),
         tools=inert,
         guard=_Unfenced(),
         max_steps=max(settings.max_steps, len(journal) + 1),

@@ -1,0 +1,76 @@
+-- The whole durable-agent schema at its latest version, in one place to read.
+-- A new database gets it by applying migrations/ in order; a test checks that doing so
+-- gives exactly this schema.
+
+-- turns: one row per agent turn; the claim (lease_owner, lease_epoch, lease_expires_at)
+-- fences writers.
+CREATE TABLE turns (
+    turn_id          text PRIMARY KEY,
+    session_id       text NOT NULL,
+    seq              integer NOT NULL,
+    status           text NOT NULL DEFAULT 'queued'
+                     CHECK (status IN ('queued', 'running', 'done', 'failed')),
+    message          text NOT NULL,
+    reply            text,
+    error            text,
+    attempts         integer NOT NULL DEFAULT 0,
+    crashes          integer NOT NULL DEFAULT 0,
+    lease_owner      text,
+    lease_epoch      integer NOT NULL DEFAULT 0,
+    lease_expires_at timestamptz,
+    not_before       timestamptz,
+    enqueued_at      timestamptz,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    updated_at       timestamptz NOT NULL DEFAULT now(),
+    finished_at      timestamptz,
+    UNIQUE (session_id, seq)
+);
+
+CREATE INDEX turns_open_idx ON turns (lease_expires_at) WHERE status IN ('queued', 'running');
+
+-- blobs: large payloads stored once by content; journal rows keep the hash.
+CREATE TABLE blobs (
+    sha256     text PRIMARY KEY,
+    data       jsonb NOT NULL,
+    size_bytes integer NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- journal: the intent and outcome of every model and tool call, numbered within the turn.
+CREATE TABLE journal (
+    turn_id     text NOT NULL REFERENCES turns (turn_id) ON DELETE CASCADE,
+    step        integer NOT NULL CHECK (step >= 0),
+    kind        text NOT NULL CHECK (kind IN ('model', 'tool')),
+    name        text NOT NULL,
+    input       jsonb NOT NULL,
+    replay      text CHECK (replay IN ('safe', 'never')),
+    status      text NOT NULL CHECK (status IN ('intent', 'done')),
+    output      jsonb,
+    output_blob text REFERENCES blobs (sha256),
+    epoch       integer NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    finished_at timestamptz,
+    PRIMARY KEY (turn_id, step)
+);
+
+-- The clock every lease, deferral and grace period is measured by (tests move it forward).
+CREATE FUNCTION durable_agent_now() RETURNS timestamptz
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$ SELECT now() $$;
+
+-- The earliest unfinished turn of a session before position `seq` (NULL when there is none):
+-- a turn runs only after every earlier turn of its session has finished.
+CREATE FUNCTION durable_agent_open_before(p_session_id text, p_seq integer) RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+        SELECT turn_id FROM turns
+        WHERE session_id = p_session_id AND seq < p_seq AND status IN ('queued', 'running')
+        ORDER BY seq LIMIT 1
+    $$;
+
+-- schema_version: the migrations a database has had (written by `durable-agent migrate`).
+CREATE TABLE schema_version (
+    version integer PRIMARY KEY,
+    name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);

@@ -1,0 +1,236 @@
+"""The runtime: one deployment's wiring, built once from :class:`Settings`.
+
+A :class:`Runtime` holds the database, the journal, the claims, the Celery app, the tools and
+the model client, built on first use. Every entry point takes one: the client functions, the
+Celery tasks, the sweeper, the command line and the evals. The Celery tasks are registered
+on the runtime's own app, so ``run_turn.delay()`` and ``start_turn()`` of one runtime always
+reach the same broker and queue.
+
+Nothing that holds a connection, a lock or a thread crosses a fork: in a child process (a
+prefork pool's worker) the runtime starts again with no connection, no model client and
+fresh locks, and builds its own on first use.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .errors import ConfigurationError, ServiceUnavailable
+from .journal import Database, JournalStore, Leases, Turn, TurnStatus, require_current
+from .settings import Settings
+from .tools import ToolRegistry, load_tools
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from .model import ModelClient
+    from .sweeper import Sweeper
+    from .worker import TurnWorker
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Runtime:
+    """Everything a durable-agent process needs, built from one Settings object."""
+
+    def __init__(self, settings: Settings | None = None, *, tools: ToolRegistry | None = None):
+        self.settings = settings if settings is not None else Settings()
+        self._given_tools = tools
+        self._parts: dict[str, Any] = {}
+        self._lock = threading.RLock()
+        _live.add(self)
+
+    def __repr__(self) -> str:
+        return f"Runtime(queue={self.settings.queue!r})"
+
+    def _part(self, name: str, build: Callable[[], T]) -> T:
+        with self._lock:
+            if name not in self._parts:
+                self._parts[name] = build()
+            value: T = self._parts[name]
+            return value
+
+    def _after_fork_in_child(self) -> None:
+        # The database resets itself; the model client's HTTP pool and the turn worker
+        # that holds it are the parent's: build new ones here on first use.
+        self._lock = threading.RLock()
+        for name in ("model", "turn_worker"):
+            self._parts.pop(name, None)
+
+    # -- the parts ------------------------------------------------------------------------
+
+    @property
+    def database(self) -> Database:
+        return self._part("database", lambda: Database(self.settings.database_url))
+
+    @property
+    def journal(self) -> JournalStore:
+        return self._part(
+            "journal",
+            lambda: JournalStore(self.database, blob_threshold=self.settings.blob_threshold_bytes),
+        )
+
+    @property
+    def leases(self) -> Leases:
+        return self._part(
+            "leases",
+            lambda: Leases(
+                self.database, end_dead_local_claims=self.settings.end_dead_local_claims
+            ),
+        )
+
+    @property
+    def tools(self) -> ToolRegistry:
+        """The tools of ``DURABLE_AGENT_TOOLS`` (imported on first use), or those given."""
+        return self._part("tools", self._load_tools)
+
+    def _load_tools(self) -> ToolRegistry:
+        if self._given_tools is not None:
+            return self._given_tools
+        labels = self.settings.label_overrides
+        registry = load_tools(self.settings.tool_modules, labels)
+        for name, label in labels.items():
+            log.warning("tool %s relabelled %r by DURABLE_AGENT_TOOL_LABELS", name, label)
+        return registry
+
+    @property
+    def model(self) -> ModelClient:
+        from .model import ModelClient
+
+        return self._part("model", lambda: ModelClient(self.settings))
+
+    @property
+    def celery(self) -> Celery:
+        """The Celery app of this runtime, with durable-agent's tasks registered on it."""
+        from .celery_app import create_app
+
+        return self._part("celery", lambda: create_app(self))
+
+    def turn_worker(self) -> TurnWorker:
+        """What runs deliveries in this process (tools imported, model client built)."""
+        from .worker import TurnWorker
+
+        return self._part("turn_worker", lambda: TurnWorker(self))
+
+    def sweeper(self) -> Sweeper:
+        from .sweeper import Sweeper
+
+        return self._part("sweeper", lambda: Sweeper(self))
+
+    # -- checks ---------------------------------------------------------------------------
+
+    def require_schema(self) -> None:
+        """Postgres is reachable and migrated to this code's version; else a one-line error."""
+        require_current(self.database)
+
+    def check_worker_start(self) -> None:
+        """Everything a worker needs before it takes a turn; raises with one line if not.
+
+        Postgres reachable and migrated, the tools module importable and defining tools,
+        the model endpoint configured.
+        """
+        self.require_schema()
+        worker = self.turn_worker()
+        if not len(worker.tools):
+            where = ", ".join(self.settings.tool_modules) or "(DURABLE_AGENT_TOOLS is empty)"
+            raise ConfigurationError(
+                f"no tools: the tools module(s) {where} define no @tool; "
+                "set DURABLE_AGENT_TOOLS to the module(s) that define your tools"
+            )
+
+    # -- the client -----------------------------------------------------------------------
+
+    def enqueue(self, session_id: str, turn_id: str) -> None:
+        """Send ``run_turn(session_id, turn_id)`` and note when it was sent."""
+        from .queue import send
+
+        send(self, session_id, turn_id)
+        self.journal.mark_enqueued([turn_id])
+
+    def start_turn(self, session_id: str, message: str, *, turn_id: str | None = None) -> str:
+        """Record a turn in Postgres, then enqueue it; returns the turn id.
+
+        The turn is durable once this returns, even if the broker is down: the sweeper
+        enqueues turns that were recorded but never sent. Passing your own ``turn_id`` makes
+        a retried call return the same turn instead of creating a second one.
+        """
+        turn = self.journal.create_turn(session_id, message, turn_id=turn_id)
+        if turn.status in (TurnStatus.QUEUED, TurnStatus.RUNNING):
+            try:
+                self.enqueue(session_id, turn.turn_id)
+            except ServiceUnavailable as error:
+                log.warning(
+                    "turn %s is recorded; %s; the sweeper will enqueue it", turn.turn_id, error
+                )
+        return turn.turn_id
+
+    def get_turn(self, turn_id: str) -> Turn:
+        """The turn as recorded now; raises TurnNotFound for an unknown id."""
+        return self.journal.get_turn(turn_id)
+
+    def wait_for_turn(self, turn_id: str, timeout: float = 60.0, poll_seconds: float = 0.1) -> Turn:
+        """Wait until the turn is done or failed; raises TimeoutError after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            turn = self.journal.get_turn(turn_id)
+            if turn.finished:
+                return turn
+            if time.monotonic() >= deadline:
+                last_error = f", last error: {turn.error}" if turn.error else ""
+                raise TimeoutError(
+                    f"turn {turn_id} is still {turn.status} after {timeout:g}s "
+                    f"(attempts {turn.attempts}{last_error})"
+                )
+            time.sleep(min(poll_seconds, max(0.0, deadline - time.monotonic())))
+
+    def close(self) -> None:
+        """Close the database connections (a new use opens them again)."""
+        database = self._parts.get("database")
+        if database is not None:
+            database.close()
+
+
+_live: weakref.WeakSet[Runtime] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for runtime in list(_live):
+        runtime._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+_runtimes: dict[Settings, Runtime] = {}
+_runtimes_lock = threading.Lock()
+
+
+def runtime_for(settings: Settings | None = None) -> Runtime:
+    """The process's runtime for these settings (read from the environment when None).
+
+    Equal settings give the same runtime, so ``start_turn()`` and ``run_turn.delay()`` of
+    ``celery -A durable_agent.tasks`` share one Celery app.
+    """
+    if settings is None:
+        settings = Settings()
+    with _runtimes_lock:
+        runtime = _runtimes.get(settings)
+        if runtime is None:
+            runtime = _runtimes[settings] = Runtime(settings)
+        return runtime
+
+
+def _reset_registry_after_fork() -> None:
+    global _runtimes_lock
+    _runtimes_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_registry_after_fork)
