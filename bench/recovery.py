@@ -33,7 +33,8 @@ from rich.table import Table
 
 from durable_agent import start_turn
 from durable_agent.console import out
-from durable_agent.journal import Database, JournalStore, Turn, database_for
+from durable_agent.journal import Database, JournalStore, Turn
+from durable_agent.runtime import runtime_for
 from durable_agent.settings import Settings
 from durable_agent.testing import ScriptedModelServer, SmtpInbox, email_policy
 from durable_agent.testing.harness import WorkerProcess, settings_env, wait_until
@@ -204,7 +205,7 @@ def _series(runs: int, *, end_dead_local_claims: bool) -> tuple[list[Run], Setti
             model.release()
             fleet.stop()
             db.close()
-            database_for(url).close()  # the one start_turn opened
+            runtime_for(settings).close()  # the connections start_turn opened
             with contextlib.suppress(redis.RedisError):
                 _forget_queue(client, queue)
             client.close()

@@ -67,16 +67,18 @@ def create_app(runtime: Runtime) -> Celery:
     app.conf.update(celery_config(runtime.settings))
     app.durable_agent_runtime = runtime
 
-    @app.task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True)
     def run_turn(self: Task, session_id: str, turn_id: str) -> str:
         """Claim the turn in Postgres and run it; step aside if someone else holds it."""
         return handle_delivery(runtime, turn_id)
 
-    @app.task(name=SWEEP_TASK_NAME, ignore_result=True)
     def sweep() -> int:
         """One sweep pass, for those who schedule it with ``celery beat`` instead."""
         return len(runtime.sweeper().sweep_once())
 
+    # shared=False: Celery would otherwise add these closures, bound to this runtime, to
+    # every app created later in the process.
+    app.task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True, shared=False)(run_turn)
+    app.task(name=SWEEP_TASK_NAME, ignore_result=True, shared=False)(sweep)
     return app
 
 
@@ -122,7 +124,6 @@ def _runtime_of(sender: Any) -> Runtime | None:
     return getattr(app, "durable_agent_runtime", None)
 
 
-@signals.worker_init.connect
 def _check_before_start(sender: Any = None, **_: Any) -> None:
     """Fail at start, with one line, when the worker could not run a turn."""
     runtime = _runtime_of(sender)
@@ -138,7 +139,6 @@ def _check_before_start(sender: Any = None, **_: Any) -> None:
 _sweepers: dict[int, SweeperThread] = {}
 
 
-@signals.worker_ready.connect
 def _start_sweeper(sender: Any = None, **_: Any) -> None:
     """The sweeper runs in the worker's main process (never in a pool child)."""
     runtime = _runtime_of(sender)
@@ -150,8 +150,12 @@ def _start_sweeper(sender: Any = None, **_: Any) -> None:
     thread.start()
 
 
-@signals.worker_shutdown.connect
 def _stop_sweeper(sender: Any = None, **_: Any) -> None:
     runtime = _runtime_of(sender)
     if runtime is not None and id(runtime) in _sweepers:
         _sweepers.pop(id(runtime)).stop()
+
+
+signals.worker_init.connect(_check_before_start)
+signals.worker_ready.connect(_start_sweeper)
+signals.worker_shutdown.connect(_stop_sweeper)

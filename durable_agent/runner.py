@@ -284,9 +284,10 @@ def _uncertain_result(name: str, intent: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _canonical(value: Any) -> Any:
+def _canonical(value: dict[str, Any]) -> dict[str, Any]:
     """The value with sorted keys, as a first run and a replay must both see it."""
-    return json.loads(dumps(value))
+    result: dict[str, Any] = json.loads(dumps(value))
+    return result
 
 
 def _as_text(value: Any) -> str:

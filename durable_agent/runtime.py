@@ -228,6 +228,15 @@ def runtime_for(settings: Settings | None = None) -> Runtime:
         return runtime
 
 
+def close_runtimes() -> None:
+    """Close and forget every runtime ``runtime_for`` made (at shutdown, or after a test)."""
+    with _runtimes_lock:
+        runtimes = list(_runtimes.values())
+        _runtimes.clear()
+    for runtime in runtimes:
+        runtime.close()
+
+
 def _reset_registry_after_fork() -> None:
     global _runtimes_lock
     _runtimes_lock = threading.Lock()

@@ -97,7 +97,7 @@ def tool(
     replay: Replay = _MISSING,
     name: str | None = None,
     **unknown: Any,
-) -> Any:
+) -> Callable[[Callable[..., Any]], Tool]:
     """Declare a tool. ``replay`` is required: ``"safe"`` or ``"never"``."""
     if unknown:
         raise ToolDefinitionError(

@@ -20,7 +20,7 @@ import redis
 
 from durable_agent.embedded import EmbeddedServices, postgres_binaries, redis_server_binary
 from durable_agent.journal import Database, JournalStore, Leases, migrate
-from durable_agent.runtime import Runtime
+from durable_agent.runtime import Runtime, close_runtimes
 from durable_agent.settings import Settings
 from durable_agent.testing.harness import WorkerProcess, forget_queue, settings_env
 
@@ -36,6 +36,15 @@ def _database_url(dbname: str) -> str:
     host = info.get("host", "127.0.0.1")
     port = info.get("port", 5432)
     return f"postgresql://{user}@{host}:{port}/{dbname}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test by its directory, so `pytest -m "not acceptance"` skips the layer that
+    starts worker processes and `-m "not integration and not acceptance"` needs no services."""
+    for item in items:
+        layer = item.path.parent.name
+        if layer in ("integration", "acceptance"):
+            item.add_marker(layer)
 
 
 def embedded_available() -> bool:
@@ -164,6 +173,7 @@ def settings(database_url: str) -> Iterator[Settings]:
         model_timeout_seconds=10.0,
     )
     yield test_settings
+    close_runtimes()  # the ones start_turn(settings=...) and friends made
     client = redis.Redis.from_url(REDIS_URL)
     try:
         forget_queue(client, test_settings.queue)

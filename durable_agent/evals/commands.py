@@ -46,8 +46,22 @@ def _progress() -> Progress:
     )
 
 
+def _parse_points(items: list[str]) -> list[tuple[int | str, str]] | None:
+    from ..faults import parse
+
+    if not items:
+        return None
+    points: list[tuple[int | str, str]] = []
+    for item in items:
+        parsed = parse(item)
+        if parsed is not None:
+            points.append(parsed)
+    return points
+
+
 def cmd_crash_matrix(settings: Settings, args: argparse.Namespace) -> int:
     labels = _parse_labels(args.relabel)
+    only = _parse_points(args.point)
     extra: dict[str, Any] = {"tool_labels": ",".join(f"{k}={v}" for k, v in labels.items())}
     with tempfile.TemporaryDirectory(prefix="durable-agent-eval-") as work:
         stack = EvalStack(
@@ -66,7 +80,7 @@ def cmd_crash_matrix(settings: Settings, args: argparse.Namespace) -> int:
             def progress(text: str, done: int, total: int) -> None:
                 bar.update(task, description=f"crash matrix: {text}", completed=done, total=total)
 
-            report = run_crash_matrix(stack, relabel=labels, progress=progress)
+            report = run_crash_matrix(stack, relabel=labels, only=only, progress=progress)
     out.print(matrix_table(report))
     _write_json(args.json, report.to_json())
     if report.passed:
@@ -298,6 +312,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="TOOL=LABEL",
         help="run with a wrong label, e.g. send_email=safe, to see the duplicate it allows",
+    )
+    matrix.add_argument(
+        "--point",
+        action="append",
+        default=[],
+        metavar="STEP:POINT",
+        help="crash only there (repeatable), e.g. 3:after_run or send_email:after_run",
     )
     matrix.add_argument("--lease-seconds", type=float, default=2.0)
     matrix.add_argument("--sweep-interval", type=float, default=0.5)

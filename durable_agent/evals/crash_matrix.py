@@ -94,10 +94,12 @@ def run_crash_matrix(
     *,
     message: str = MESSAGE,
     relabel: dict[str, str] | None = None,
+    only: list[tuple[int | str, str]] | None = None,
     progress: Callable[[str, int, int], None] = lambda text, done, total: None,
     timeout: float = 60.0,
 ) -> MatrixReport:
-    """Run the clean turn, then every (step, point); the stack must use the email policy."""
+    """Run the clean turn, then every (step, point), or only the points named in ``only``
+    (a step number or a tool name, and a crash point); the stack must use the email policy."""
     settings, runtime = stack.settings, stack.runtime
     model, inbox = stack.model, stack.inbox
     assert model is not None, "the crash matrix needs the scripted model (it counts requests)"
@@ -123,8 +125,16 @@ def run_crash_matrix(
         sweep_interval_seconds=settings.sweep_interval_seconds,
         notes=list(stack.notes),
     )
-    total = len(steps) * len(POINTS)
-    for index, (step, point) in enumerate((s, p) for s in steps for p in POINTS):
+    chosen = [
+        (s, p)
+        for s in steps
+        for p in POINTS
+        if only is None or any(target in (s.step, s.name) and p == at for target, at in only)
+    ]
+    if not chosen:
+        raise ValueError(f"no step of the clean turn matches {only}")
+    total = len(chosen)
+    for index, (step, point) in enumerate(chosen):
         progress(f"step {step.step} {point}", index, total)
         report.points.append(
             _crash_once(stack, store, step, point, message, clean.reply or "", run_id, timeout)

@@ -41,6 +41,9 @@ class TwoWorkersReport:
     reply: str | None
     refunds_executed: int
     refund_requests: int
+    a_outcome_fenced: bool  # A's late outcome for its step is not what the journal holds
+    a_next_intent_fenced: bool  # A's next intent, as A would write it, was refused
+    unfenced_intent_refused_by_key: bool  # the same insert without the fence hit the key
     worker_a: list[str] = field(default_factory=list)
     worker_b: list[str] = field(default_factory=list)
     journal: list[dict[str, Any]] = field(default_factory=list)
@@ -50,9 +53,9 @@ class TwoWorkersReport:
         return (
             self.status == "done"
             and self.refunds_executed == 1
-            and any("rejected: this writer holds epoch" in line for line in self.worker_a)
-            and any("rejected by the epoch fence" in line for line in self.worker_a)
-            and any("rejected by the primary key" in line for line in self.worker_a)
+            and self.a_outcome_fenced
+            and self.a_next_intent_fenced
+            and self.unfenced_intent_refused_by_key
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -105,7 +108,12 @@ def run_two_workers(stack: EvalStack, timeout: float = 60.0) -> TwoWorkersReport
             f"its outcome write for step {a_step}: {_stop_line(worker_a.log_text())}; "
             "it stopped the turn"
         )
-        lines_a.extend(_replay_next_write(db, store, turn_id, a_epoch, a_step + 1))
+        journal = store.load_journal(turn_id)
+        a_outcome_fenced = journal[a_step].epoch != a_epoch
+        next_fenced, key_refused, lines = _replay_next_write(
+            db, store, turn_id, a_epoch, a_step + 1
+        )
+        lines_a.extend(lines)
         worker_b.stop()
         worker_a.stop()
         return TwoWorkersReport(
@@ -116,9 +124,12 @@ def run_two_workers(stack: EvalStack, timeout: float = 60.0) -> TwoWorkersReport
             reply=turn.reply,
             refunds_executed=payments.refunds_executed,
             refund_requests=payments.refund_requests,
+            a_outcome_fenced=a_outcome_fenced,
+            a_next_intent_fenced=next_fenced,
+            unfenced_intent_refused_by_key=key_refused,
             worker_a=lines_a,
             worker_b=lines_b,
-            journal=[s.as_json() for s in store.load_journal(turn_id)],
+            journal=[s.as_json() for s in journal],
         )
     finally:
         payments.release()
@@ -126,26 +137,31 @@ def run_two_workers(stack: EvalStack, timeout: float = 60.0) -> TwoWorkersReport
 
 def _replay_next_write(
     db: Database, store: JournalStore, turn_id: str, epoch: int, step: int
-) -> list[str]:
+) -> tuple[bool, bool, list[str]]:
     """What happens to the stale worker's next intent: first as A would write it, then
-    without the epoch fence, straight into the primary key."""
+    without the epoch fence, straight into the primary key. Returns (refused by the fence,
+    refused by the key, what happened in words)."""
     lines = []
     try:
         store.insert_intent(turn_id, epoch, step, "model", "llm", {}, "safe")
         lines.append(f"its intent for step {step} was ACCEPTED (fencing is broken)")
+        fenced = False
     except LeaseLost as error:
         lines.append(
             f"its next intent (step {step}, epoch {epoch}): rejected by the epoch fence ({error})"
         )
+        fenced = True
     try:
         db.run("insert_step_unfenced", turn_id=turn_id, step=step, epoch=epoch)
         lines.append(f"the same insert without the fence was ACCEPTED at step {step}")
+        keyed = False
     except psycopg.errors.UniqueViolation:
         lines.append(
             f"the same insert without the fence: rejected by the primary key (turn_id, step): "
             f"step {step} is already recorded by B"
         )
-    return lines
+        keyed = True
+    return fenced, keyed, lines
 
 
 def _stop_line(log: str) -> str:

@@ -1,6 +1,6 @@
 """The durable step journal in Postgres: named queries, claims and migrations."""
 
-from .db import Database, database_for
+from .db import Database
 from .holders import holder_is_dead, worker_identity
 from .leases import Leases
 from .migrations import migrate, require_current
@@ -16,7 +16,6 @@ __all__ = [
     "Step",
     "Turn",
     "TurnStatus",
-    "database_for",
     "holder_is_dead",
     "migrate",
     "require_current",

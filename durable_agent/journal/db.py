@@ -231,24 +231,3 @@ def _reset_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
-
-
-_databases: dict[str, Database] = {}
-_databases_lock = threading.Lock()
-
-
-def database_for(url: str) -> Database:
-    """The process-wide Database for this URL (created on first use)."""
-    with _databases_lock:
-        db = _databases.get(url)
-        if db is None:
-            db = _databases[url] = Database(url)
-        return db
-
-
-def _reset_registry_after_fork() -> None:
-    global _databases_lock
-    _databases_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_reset_registry_after_fork)

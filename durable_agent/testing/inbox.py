@@ -48,7 +48,7 @@ class InboxMessage:
     @property
     def email(self) -> EmailMessage:
         """The message parsed with the modern `email` API."""
-        return cast(EmailMessage, email.message_from_bytes(self.raw, policy=email.policy.default))
+        return email.message_from_bytes(self.raw, policy=email.policy.default)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form served by the HTTP API."""
@@ -69,7 +69,7 @@ def _unfold(value: str) -> str:
 
 
 def _parse(message_id: str, sender: str, recipients: list[str], raw: bytes) -> InboxMessage:
-    parsed = cast(EmailMessage, email.message_from_bytes(raw, policy=email.policy.default))
+    parsed = email.message_from_bytes(raw, policy=email.policy.default)
     part = parsed.get_body(preferencelist=("plain", "html"))
     body = part.get_content() if part is not None else ""
     headers: dict[str, str] = {}
@@ -108,7 +108,7 @@ class _Controller(Controller):
         if self.port == 0 and self.server is not None:
             server = cast(asyncio.Server, self.server)
             self.port = int(server.sockets[0].getsockname()[1])
-        super()._trigger_server()
+        super()._trigger_server()  # type: ignore[no-untyped-call]
 
 
 class _InboxApi(LoopbackHttpService):

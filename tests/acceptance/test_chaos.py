@@ -37,7 +37,8 @@ import redis
 from durable_agent import start_turn
 from durable_agent.embedded import EmbeddedServices, postgres_binaries, redis_server_binary
 from durable_agent.errors import ServiceUnavailable
-from durable_agent.journal import Database, JournalStore, Step, Turn, database_for, migrate
+from durable_agent.journal import Database, JournalStore, Step, Turn, migrate
+from durable_agent.runtime import runtime_for
 from durable_agent.settings import Settings
 from durable_agent.testing import ScriptedModelServer, SmtpInbox, email_policy
 from durable_agent.testing.harness import WorkerProcess, settings_env, wait_until
@@ -342,7 +343,7 @@ def chaos(tmp_path: Path) -> Iterator[Chaos]:
         if db is not None:
             db.close()
         if state is not None:
-            database_for(state.settings.database_url).close()  # start_turn's cached handle
+            runtime_for(state.settings).close()  # the connections start_turn opened
         services.stop()
 
 

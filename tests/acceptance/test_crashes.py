@@ -12,14 +12,11 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pytest
-
 from durable_agent import start_turn
 
 if TYPE_CHECKING:
     from conftest import Spawn, Stack
 
-pytestmark = pytest.mark.acceptance
 
 POSSIBLY_RAN = "may or may not have happened"
 

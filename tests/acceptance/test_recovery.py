@@ -13,7 +13,6 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
-import pytest
 import redis
 
 from durable_agent import start_turn
@@ -21,8 +20,6 @@ from durable_agent.testing.harness import wait_until
 
 if TYPE_CHECKING:
     from conftest import Spawn, Stack
-
-pytestmark = pytest.mark.acceptance
 
 
 def _unacked_in_redis(client: redis.Redis, turn_id: str) -> bool:

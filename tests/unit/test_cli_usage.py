@@ -1,6 +1,8 @@
 """The durable-agent command line where no database is needed: usage errors and bad config.
 
-Every case runs the real CLI as a subprocess (``python -m durable_agent``).
+The cases run ``durable_agent.cli.main`` in this process, with the environment cleared of
+our settings and stdout/stderr captured; one case runs ``python -m durable_agent`` as a
+process, for the entry point itself.
 """
 
 from __future__ import annotations
@@ -8,29 +10,52 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
-COMMANDS = ["migrate", "worker", "sweep", "submit", "wait", "journal", "turns"]
+from durable_agent.cli import main
+
+COMMANDS = ["migrate", "worker", "sweep", "submit", "wait", "journal", "turns", "replay"]
 UNREACHABLE = "postgresql://root:s3cret-pw@127.0.0.1:1/nowhere"
 
+Cli = Callable[..., subprocess.CompletedProcess[str]]
 
-def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run `durable-agent ARGS` with our settings cleared from the environment, then ENV."""
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.upper().startswith(("DURABLE_AGENT_", "OPENAI_", "CRASH_AT"))
-    }
-    base["COLUMNS"] = "80"  # a narrow terminal must not break one-line errors
-    return subprocess.run(
-        [sys.executable, "-m", "durable_agent", *args],
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Cli:
+    """Run `durable-agent ARGS` in this process with our settings cleared from the
+    environment, then ENV; the exit code and what it printed."""
+
+    def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        for key in list(os.environ):
+            if key.upper().startswith(("DURABLE_AGENT_", "OPENAI_", "CRASH_AT")):
+                monkeypatch.delenv(key)
+        monkeypatch.setenv("COLUMNS", "80")  # a narrow terminal must not break one-line errors
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        capsys.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as exit:  # argparse: usage errors and --help
+            code = exit.code if isinstance(exit.code, int) else 1
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(list(args), code, captured.out, captured.err)
+
+    return run
+
+
+def test_the_module_runs_as_a_command() -> None:
+    """`python -m durable_agent --help` is the same program, exit 0."""
+    result = subprocess.run(
+        [sys.executable, "-m", "durable_agent", "--help"],
         capture_output=True,
         text=True,
         timeout=60,
-        env={**base, **env},
         stdin=subprocess.DEVNULL,
     )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: durable-agent")
 
 
 def assert_one_error_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -42,7 +67,7 @@ def assert_one_error_line(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-def test_help_lists_every_command() -> None:
+def test_help_lists_every_command(cli: Cli) -> None:
     """--help exits 0 and names every command."""
     result = cli("--help")
     assert result.returncode == 0, result.stderr
@@ -52,14 +77,14 @@ def test_help_lists_every_command() -> None:
 
 
 @pytest.mark.parametrize("command", ["submit", "wait", "journal", "turns"])
-def test_command_help(command: str) -> None:
+def test_command_help(cli: Cli, command: str) -> None:
     """Each command has its own --help that exits 0."""
     result = cli(command, "--help")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"usage: durable-agent {command}")
 
 
-def test_unknown_command_exits_2() -> None:
+def test_unknown_command_exits_2(cli: Cli) -> None:
     """An unknown command is a usage error (exit 2) listing the valid choices."""
     result = cli("frobnicate")
     assert result.returncode == 2
@@ -68,14 +93,14 @@ def test_unknown_command_exits_2() -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_no_command_exits_2() -> None:
+def test_no_command_exits_2(cli: Cli) -> None:
     """Running with no command is a usage error."""
     result = cli()
     assert result.returncode == 2
     assert "usage: durable-agent" in result.stderr
 
 
-def test_submit_without_session_exits_2_with_usage() -> None:
+def test_submit_without_session_exits_2_with_usage(cli: Cli) -> None:
     """submit needs --session: exit 2 and the submit usage line."""
     result = cli("submit", "hello")
     assert result.returncode == 2
@@ -84,7 +109,7 @@ def test_submit_without_session_exits_2_with_usage() -> None:
     assert result.stdout == ""
 
 
-def test_unknown_option_exits_2() -> None:
+def test_unknown_option_exits_2(cli: Cli) -> None:
     """Extra options are only passed through for `worker`; elsewhere they are an error."""
     result = cli("turns", "--frobnicate")
     assert result.returncode == 2
@@ -98,7 +123,7 @@ def test_unknown_option_exits_2() -> None:
         ("DURABLE_AGENT_MAX_STEPS", "0"),
     ],
 )
-def test_bad_setting_prints_one_error_line(name: str, value: str) -> None:
+def test_bad_setting_prints_one_error_line(cli: Cli, name: str, value: str) -> None:
     """A malformed setting: one 'error:' line naming the variable, no traceback, exit 2."""
     result = cli("turns", **{name: value})
     assert result.returncode == 2
@@ -119,7 +144,7 @@ def test_bad_setting_prints_one_error_line(name: str, value: str) -> None:
     ],
     ids=lambda a: a[0],
 )
-def test_unreachable_database_prints_one_error_line(args: list[str]) -> None:
+def test_unreachable_database_prints_one_error_line(cli: Cli, args: list[str]) -> None:
     """No Postgres: one 'error:' line that says so and hides the password; exit non-zero."""
     result = cli(*args, DURABLE_AGENT_DATABASE_URL=UNREACHABLE)
     assert result.returncode != 0
@@ -139,7 +164,7 @@ def test_unreachable_database_prints_one_error_line(args: list[str]) -> None:
         ("postgresql://u:s3cret-pw@127.0.0.1/db?frobnicate=1", "invalid URI query parameter"),
     ],
 )
-def test_bad_database_url_prints_one_error_line(url: str, expected: str) -> None:
+def test_bad_database_url_prints_one_error_line(cli: Cli, url: str, expected: str) -> None:
     """A URL that is not a usable PostgreSQL URL: one 'error:' line, no traceback, no password,
     exit 2 (a configuration error)."""
     result = cli("turns", DURABLE_AGENT_DATABASE_URL=url)
