@@ -52,6 +52,8 @@ from durable_agent.embedded.processes import (
     tail,
     terminate,
 )
+from durable_agent.errors import ServiceUnavailable
+from durable_agent.journal.db import Database
 
 __all__ = [
     "DATABASE",
@@ -67,6 +69,12 @@ DATABASE = "durable_agent"
 SYSTEM_USER = "durable_agent"
 
 RootMode = Literal["auto", "userns", "user"]
+
+
+def _server_database(port: int, *, connect_timeout: float) -> Database:
+    """The server's maintenance database, for the bootstrap queries."""
+    url = f"postgresql://{POSTGRES_USER}@127.0.0.1:{port}/postgres"
+    return Database(url, connect_timeout=connect_timeout)
 
 
 def postgres_binaries() -> Path | None:
@@ -376,29 +384,24 @@ class PostgresServer:
         staging.rename(self.pgdata)
 
     def _wait(self, proc: subprocess.Popen[bytes], port: int, timeout: float) -> bool:
-        import psycopg
-
         deadline = time.monotonic() + timeout
-        conninfo = f"host=127.0.0.1 port={port} user={POSTGRES_USER} dbname=postgres"
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 return False
+            server = _server_database(port, connect_timeout=2)
             try:
-                with psycopg.connect(conninfo, connect_timeout=2) as conn:
-                    conn.execute("SELECT 1")
+                server.value("ping")
                 return True
-            except psycopg.OperationalError:
+            except ServiceUnavailable:
                 time.sleep(0.05)
+            finally:
+                server.close()
         return False
 
     def _ensure_database(self, port: int) -> None:
-        import psycopg
-        from psycopg import sql
-
-        conninfo = f"host=127.0.0.1 port={port} user={POSTGRES_USER} dbname=postgres"
-        with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
-            exists = conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)
-            ).fetchone()
-            if exists is None:
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
+        server = _server_database(port, connect_timeout=5)
+        try:
+            if not server.value("database_exists"):
+                server.run("create_embedded_database")
+        finally:
+            server.close()

@@ -222,6 +222,13 @@ LIMIT :batch;
 -- Postgres answers; the server process of this connection.
 SELECT pg_backend_pid() AS backend_pid;
 
+-- name: database_exists
+-- The embedded Postgres of the demo and the evals: is its database there yet?
+SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = 'durable_agent');
+
+-- name: create_embedded_database
+CREATE DATABASE durable_agent;
+
 -- name: lock_migrations
 -- One schema change at a time (held until the transaction ends).
 SELECT pg_advisory_xact_lock(:key);
