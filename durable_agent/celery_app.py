@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery, Task, signals
 from celery.exceptions import Reject
 
+from .broker import transport_for
 from .errors import DurableAgentError, ServiceUnavailable, TurnNotFound
 from .settings import Settings
 
@@ -34,6 +35,7 @@ SWEEP_TASK_NAME = "durable_agent.sweep"
 def celery_config(settings: Settings) -> dict[str, Any]:
     return {
         "broker_url": settings.broker_url,
+        "broker_transport": transport_for(settings.broker_url),
         "broker_connection_retry_on_startup": True,
         "broker_transport_options": {
             "visibility_timeout": settings.visibility_timeout_seconds,

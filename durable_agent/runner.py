@@ -263,14 +263,14 @@ def _parse_arguments(
     if not isinstance(parsed, dict):
         return None, f"Error: the arguments for {name} must be a JSON object. Try again."
     try:
-        t.validate(parsed)
+        recorded = t.recorded_arguments(parsed)
     except pydantic.ValidationError as error:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
             for e in error.errors()
         )
         return None, f"Error: invalid arguments for {name}: {problems}. Try again."
-    return parsed, None
+    return recorded, None
 
 
 def _uncertain_result(name: str, intent: dict[str, Any]) -> dict[str, Any]:

@@ -70,11 +70,19 @@ class Tool:
         }
 
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Check the model's arguments; raises pydantic.ValidationError."""
+        """The values the function receives for the model's arguments, converted to the
+        declared types (``"42"`` for an ``int`` is 42); raises pydantic.ValidationError."""
         return dict(self.arguments.model_validate(arguments))
 
+    def recorded_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """What the journal records for a call: the converted values (defaults included) as
+        JSON; validating them again gives the same values. Raises pydantic.ValidationError."""
+        recorded: dict[str, Any] = self.arguments.model_validate(arguments).model_dump(mode="json")
+        return recorded
+
     def invoke(self, arguments: dict[str, Any], idempotency_key: str | None) -> Any:
-        kwargs = dict(arguments)
+        """Call the function with the arguments converted to its declared types."""
+        kwargs = self.validate(arguments)
         if self.wants_idempotency_key:
             kwargs[IDEMPOTENCY_PARAMETER] = idempotency_key
         result = self.function(**kwargs)

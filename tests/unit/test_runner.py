@@ -701,3 +701,34 @@ def test_tool_still_claimed_asks_the_guard() -> None:
     seen = json.loads(runner.tool_step(call("ut_runner_whoami", {})))
 
     assert seen["claimed"] is False
+
+
+@tool(replay="never", name="ut_runner_typed")
+def typed(flag: bool, n: int, ratio: float = 0.5, *, idempotency_key: str) -> str:
+    """A tool whose arguments need converting.
+
+    Args:
+        flag: A switch.
+        n: A count.
+        ratio: A fraction.
+    """
+    EVENTS.append(("run", "ut_runner_typed", flag, n, ratio))
+    return f"{flag!r} {n!r} {ratio!r}"
+
+
+def test_tools_get_the_converted_values_and_the_journal_records_them() -> None:
+    """The model sends "false" and "42": the tool gets False and 42 (not the truthy string),
+    and the intent records what the tool received, defaults included."""
+    runner, store, _ = make_runner(tools=ToolRegistry([typed]))
+
+    text = runner.tool_step(call("ut_runner_typed", {"flag": "false", "n": "42"}))
+
+    assert runs("ut_runner_typed") == [("run", "ut_runner_typed", False, 42, 0.5)]
+    assert text == "False 42 0.5"
+    assert store.rows[0].input["arguments"] == {"flag": False, "n": 42, "ratio": 0.5}
+
+    # an interrupted safe replay or a resume reads the recorded values back unchanged
+    EVENTS.clear()
+    again, _, _ = make_runner(store.steps(), tools=ToolRegistry([typed]))
+    assert again.tool_step(call("ut_runner_typed", {"flag": "false", "n": "42"})) == text
+    assert runs() == []
