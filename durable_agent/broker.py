@@ -24,6 +24,7 @@ way Postgres knows the turn, and the sweeper sends it again.
 from __future__ import annotations
 
 import logging
+from queue import Empty
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
@@ -31,7 +32,7 @@ from kombu.transport import redis as kombu_redis
 log = logging.getLogger(__name__)
 
 
-class QoS(kombu_redis.QoS):  # type: ignore[misc]
+class QoS(kombu_redis.QoS):
     def restore_unacked(self, client: Any = None) -> None:
         connection = getattr(self.channel, "connection", None)
         if client is None and getattr(connection, "client", None) is None:
@@ -43,24 +44,24 @@ class QoS(kombu_redis.QoS):  # type: ignore[misc]
                 )
             self._delivered.clear()
             return
-        super().restore_unacked(client)
+        super().restore_unacked(client)  # type: ignore[no-untyped-call]
 
 
-class Channel(kombu_redis.Channel):  # type: ignore[misc]
+class Channel(kombu_redis.Channel):
     QoS = QoS
 
     def _brpop_read(self, **options: Any) -> Any:
         if not self._closing:
-            return super()._brpop_read(**options)
+            return super()._brpop_read(**options)  # type: ignore[no-untyped-call]
         try:
-            return super()._brpop_read(**options)
+            return super()._brpop_read(**options)  # type: ignore[no-untyped-call]
         except self.connection_errors:
             # closing on a dead socket: the poll is over, nothing more will be read
             self._in_poll = False
-            raise kombu_redis.Empty() from None
+            raise Empty() from None
 
 
-class Transport(kombu_redis.Transport):  # type: ignore[misc]
+class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
