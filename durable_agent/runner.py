@@ -25,7 +25,7 @@ import pydantic
 from .context import CallContext, bind_call
 from .errors import ReplayDiverged, StepLimitReached
 from .faults import Faults
-from .journal.codec import digest, dumps
+from .journal.codec import digest, dumps, storable
 from .journal.protocol import TurnJournal
 from .journal.records import Replay, Step
 from .tools import Tool, ToolRegistry
@@ -132,19 +132,19 @@ class StepRunner:
             # An interrupted never tool: it may have acted, so it never runs again, even if
             # the tool has since been removed or its schema changed.
             intent = dict(row.input)
-            output = _uncertain_result(name, intent)
+            output = _canonical(_uncertain_result(name, intent))
             self.guard.check()
             self.journal.record_outcome(step, output)
             self.executed.append(step)
             self._remember_uncertain(name, intent, output)
             return str(output["content"])
 
-        arguments, problem = _parse_arguments(t, name, function.get("arguments"))
+        arguments, problem = _parse_arguments(t, name, tool_call)
         if problem is not None:
-            output = {"content": problem, "error": True}
-            intent = {"arguments": function.get("arguments"), "tool_call_id": call_id}
+            output = _canonical({"content": problem, "error": True})
+            intent = _canonical({"arguments": function.get("arguments"), "tool_call_id": call_id})
             self._record_refusal(step, row, name, intent, t.replay if t else None, output)
-            return problem
+            return str(output["content"])
         assert t is not None and arguments is not None
 
         if row is not None:  # an interrupted safe tool: run it again
@@ -152,14 +152,16 @@ class StepRunner:
             self.guard.check()
         else:
             key = self._idempotency_key(step, name, arguments)
-            intent = {"arguments": arguments, "tool_call_id": call_id, "idempotency_key": key}
+            intent = _canonical(
+                {"arguments": arguments, "tool_call_id": call_id, "idempotency_key": key}
+            )
             self.guard.check()
             self.journal.insert_intent(step, "tool", name, intent, t.replay)
             if t.replay == "never":
                 self.guard.check()  # the intent is durable; the claim must still hold to act
 
         self.faults.maybe_crash(step, "before_run", name)
-        output = self._invoke(t, step, intent)
+        output = _canonical(self._invoke(t, step, intent))
         self.faults.maybe_crash(step, "after_run", name)
         self.journal.record_outcome(step, output)
         self.executed.append(step)
@@ -182,7 +184,8 @@ class StepRunner:
                 )
                 return {"content": text, "error": True, "uncertain": True}
             return {"content": text, "error": True}
-        return {"content": _as_text(value)}
+        text, problems = _as_text(value)
+        return {"content": text, "sanitized": problems} if problems else {"content": text}
 
     def _record_refusal(
         self,
@@ -248,9 +251,16 @@ class StepRunner:
 
 
 def _parse_arguments(
-    t: Tool | None, name: str, raw: Any
+    t: Tool | None, name: str, tool_call: dict[str, Any]
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The validated arguments, or the error text the model sees instead."""
+    kind = tool_call.get("type", "function")
+    if kind != "function":
+        return None, (
+            f"Error: a tool call of type {str(kind)!r} is not supported here; call one of the "
+            "functions you were given."
+        )
+    raw = (tool_call.get("function") or {}).get("arguments")
     if t is None:
         return (
             None,
@@ -263,7 +273,7 @@ def _parse_arguments(
     if not isinstance(parsed, dict):
         return None, f"Error: the arguments for {name} must be a JSON object. Try again."
     try:
-        recorded = t.recorded_arguments(parsed)
+        recorded, _ = storable(t.recorded_arguments(parsed))
     except pydantic.ValidationError as error:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
@@ -285,14 +295,19 @@ def _uncertain_result(name: str, intent: dict[str, Any]) -> dict[str, Any]:
 
 
 def _canonical(value: dict[str, Any]) -> dict[str, Any]:
-    """The value with sorted keys, as a first run and a replay must both see it."""
-    result: dict[str, Any] = json.loads(dumps(value))
+    """What is recorded, and what this run goes on with, as a replay will see it: sorted
+    keys, and storable whatever came in (what had to change is listed in "sanitized")."""
+    clean, problems = storable(value)
+    result: dict[str, Any] = json.loads(dumps(clean))
+    if problems:
+        log.warning("recording a value that had to be changed: %s", "; ".join(problems))
+        result["sanitized"] = sorted(set(result.get("sanitized", [])) | set(problems))
     return result
 
 
-def _as_text(value: Any) -> str:
+def _as_text(value: Any) -> tuple[str, list[str]]:
+    """A tool's result as the text the model reads, and what had to change to store it."""
     if isinstance(value, str):
-        return value
-    if isinstance(value, pydantic.BaseModel):
-        return value.model_dump_json()
-    return json.dumps(value, ensure_ascii=False, default=str)
+        return value, []
+    clean, problems = storable(value)
+    return json.dumps(clean, ensure_ascii=False), problems

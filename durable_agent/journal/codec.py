@@ -1,10 +1,21 @@
-"""JSON encoding of journal payloads, and the split of large ones into blobs."""
+"""JSON encoding of journal payloads: canonical, and always storable in Postgres.
+
+Whatever a tool or a model returns must be recorded, or a ``never`` tool that acted would
+be left at ``intent``. :func:`storable` turns any value into one that JSON and Postgres
+accept, and says what it had to change: NUL characters (Postgres text cannot hold them) and
+unpaired surrogates become U+FFFD, floats that JSON cannot spell (NaN, infinity) and objects
+it cannot encode become strings, a circular reference becomes a marker.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any
+
+REPLACEMENT = "\ufffd"
+MAX_DEPTH = 200
 
 
 def dumps(value: Any) -> str:
@@ -14,3 +25,78 @@ def dumps(value: Any) -> str:
 
 def digest(value: Any) -> str:
     return hashlib.sha256(dumps(value).encode()).hexdigest()
+
+
+def clean_text(text: str) -> tuple[str, list[str]]:
+    """The text without what Postgres cannot store, and what was replaced."""
+    problems = []
+    if "\x00" in text:
+        text = text.replace("\x00", REPLACEMENT)
+        problems.append("NUL characters replaced with U+FFFD")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = "".join(REPLACEMENT if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+        problems.append("unpaired surrogates replaced with U+FFFD")
+    return text, problems
+
+
+def storable(value: Any) -> tuple[Any, list[str]]:
+    """A copy of ``value`` that canonical JSON and Postgres accept, and what was changed."""
+    problems: list[str] = []
+    result = _storable(value, problems, set(), 0)
+    return result, sorted(set(problems))
+
+
+def _storable(value: Any, problems: list[str], seen: set[int], depth: int) -> Any:
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        problems.append(f"non-finite number {value!r} recorded as a string")
+        return repr(value)
+    if isinstance(value, str):
+        text, found = clean_text(value)
+        problems.extend(found)
+        return text
+    if depth >= MAX_DEPTH:
+        problems.append(f"nesting deeper than {MAX_DEPTH} levels cut off")
+        return "<too deep>"
+    if isinstance(value, dict | list | tuple):
+        if id(value) in seen:
+            problems.append("a circular reference replaced with a marker")
+            return "<circular reference>"
+        seen.add(id(value))
+        try:
+            if isinstance(value, dict):
+                return {
+                    _key(k, problems): _storable(v, problems, seen, depth + 1)
+                    for k, v in value.items()
+                }
+            return [_storable(v, problems, seen, depth + 1) for v in value]
+        finally:
+            seen.discard(id(value))
+    dump = getattr(value, "model_dump", None)  # a pydantic model
+    if callable(dump):
+        try:
+            return _storable(dump(mode="json"), problems, seen, depth + 1)
+        except Exception as error:
+            problems.append(f"{type(value).__name__} could not be dumped ({error})")
+    problems.append(f"a {type(value).__name__} recorded as its string form")
+    try:
+        text = str(value)
+    except Exception as error:
+        text = f"<{type(value).__name__}: str() raised {type(error).__name__}>"
+    cleaned, found = clean_text(text)
+    problems.extend(found)
+    return cleaned
+
+
+def _key(key: Any, problems: list[str]) -> str:
+    if isinstance(key, str):
+        text, found = clean_text(key)
+        problems.extend(found)
+        return text
+    problems.append("non-string keys recorded as strings")
+    return clean_text(str(key))[0]
