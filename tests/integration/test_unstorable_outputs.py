@@ -15,7 +15,7 @@ from durable_agent.testing import ScriptedModelServer, call_tool, reply
 from durable_agent.tools import ToolRegistry
 from durable_agent.worker import TurnWorker
 
-EFFECTS: list[str] = []
+effects: list[str] = []
 
 
 class Unprintable:
@@ -46,14 +46,14 @@ def send(kind: str, *, idempotency_key: str) -> Any:
     Args:
         kind: Which unstorable result to return.
     """
-    EFFECTS.append(kind)
+    effects.append(kind)
     return RESULTS[kind]
 
 
 @tool(replay="never", name="ut_unstorable_raise")
 def raise_nul(*, idempotency_key: str) -> str:
     """Act, then raise an error whose text holds a NUL."""
-    EFFECTS.append("raise")
+    effects.append("raise")
     raise RuntimeError("failed after acting\x00!")
 
 
@@ -70,9 +70,9 @@ def _policy(kind: str, *, final: str = "done") -> Any:
 
 @pytest.fixture(autouse=True)
 def _clear() -> Iterator[None]:
-    EFFECTS.clear()
+    effects.clear()
     yield
-    EFFECTS.clear()
+    effects.clear()
 
 
 def _run(settings: Settings, policy: Any) -> tuple[Runtime, str, Any]:
@@ -99,7 +99,7 @@ def test_a_never_tool_result_that_cannot_be_stored_is_recorded_sanitized(
             ("ut_unstorable_send", "done"),
             ("llm", "done"),
         ]
-        assert EFFECTS == [kind]  # acted once; never left at intent
+        assert effects == [kind]  # acted once; never left at intent
         output = steps[1].output
         assert output["sanitized"], output
         assert "\x00" not in output["content"]
@@ -115,7 +115,7 @@ def test_an_error_text_with_a_nul_is_recorded(settings: Settings) -> None:
         output = runtime.journal.load_journal(turn_id)[1].output
         assert output["uncertain"] is True and output["error"] is True
         assert "failed after acting\ufffd!" in output["content"]
-        assert EFFECTS == ["raise"]
+        assert effects == ["raise"]
     finally:
         runtime.close()
 
