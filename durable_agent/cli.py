@@ -24,6 +24,7 @@ from typing import Any
 import pydantic
 
 from .errors import ConfigurationError, DurableAgentError, TurnNotFound
+from .redact import printable
 from .runtime import Runtime
 from .settings import Settings
 
@@ -31,8 +32,8 @@ EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NOT_FOUND = 1, 2, 3, 4
 
 
 def error_line(text: str) -> None:
-    """One line on stderr, however long, with nothing interpreted as markup."""
-    print(" ".join(text.split()), file=sys.stderr, flush=True)
+    """One line on stderr, however long, with control characters escaped."""
+    print(printable(" ".join(text.split())), file=sys.stderr, flush=True)
 
 
 def cmd_migrate(runtime: Runtime, args: argparse.Namespace) -> int:
@@ -88,7 +89,7 @@ def cmd_wait(runtime: Runtime, args: argparse.Namespace) -> int:
         error_line(f"error: {error}")
         return EXIT_TIMEOUT
     if turn.status == "done":
-        print(turn.reply or "")
+        print(printable(turn.reply or ""))
         return 0
     error_line(f"error: turn {turn.turn_id} failed: {turn.error}")
     return EXIT_FAILED

@@ -28,6 +28,7 @@ from .faults import Faults
 from .journal.codec import digest, dumps, storable
 from .journal.protocol import TurnJournal
 from .journal.records import Replay, Step
+from .redact import redact
 from .tools import Tool, ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -176,7 +177,7 @@ class StepRunner:
                 value = t.invoke(intent["arguments"], key)
         except Exception as error:  # a tool's failure is a result the model reads
             log.warning("tool %s raised at step %d of %s: %r", t.name, step, self.turn_id, error)
-            text = f"Error: {t.name} raised {type(error).__name__}: {error}"
+            text = f"Error: {t.name} raised {type(error).__name__}: {redact(str(error))}"
             if t.replay == "never":
                 text += (
                     f". The call {POSSIBLY_RAN}: check the current state before you try it again"

@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .journal import Step, Turn
+from .redact import printable
 
 
 def journal_table(steps: Sequence[Step], title: str = "journal") -> Table:
@@ -16,7 +17,7 @@ def journal_table(steps: Sequence[Step], title: str = "journal") -> Table:
         table.add_column(column, overflow="fold")
     for s in steps:
         cells = (str(s.step), s.kind, s.name, s.replay or "-", s.status, str(s.epoch), s.summary())
-        table.add_row(*(Text(cell) for cell in cells))  # recorded text is never rich markup
+        table.add_row(*(Text(printable(cell)) for cell in cells))  # never rich markup
     return table
 
 
@@ -36,5 +37,5 @@ def turns_table(turns: Sequence[Turn]) -> Table:
             str(t.crashes),
             text[:80],
         )
-        table.add_row(*(Text(cell) for cell in cells))
+        table.add_row(*(Text(printable(cell)) for cell in cells))
     return table

@@ -20,6 +20,7 @@ from .faults import Faults
 from .heartbeat import Heartbeat
 from .journal import Refusal, worker_identity
 from .journal.records import Claim
+from .redact import redact
 from .runner import StepRunner
 from .tools import ToolRegistry
 
@@ -130,7 +131,7 @@ class TurnWorker:
                 reason = (
                     str(error)
                     if isinstance(error, TurnFailed)
-                    else (f"unexpected error: {type(error).__name__}: {error}")
+                    else redact(f"unexpected error: {type(error).__name__}: {error}")
                 )
                 log.error("turn %s failed: %s", turn.turn_id, reason)
                 self.leases.fail(turn.turn_id, claim.epoch, reason)

@@ -12,6 +12,7 @@ import logging
 from datetime import UTC, datetime
 
 from ..errors import TurnNotFound
+from ..redact import redact
 from .db import Database, Row
 from .holders import holder_is_dead, host_token
 from .records import Claim, Refusal, Turn, TurnStatus
@@ -103,14 +104,18 @@ class Leases:
             epoch=epoch,
             status=str(status),
             reply=reply,
-            error=error,
+            error=redact(error) if error else None,
         )
         return (row["session_id"], row["seq"]) if row else None
 
     def release(self, turn_id: str, epoch: int, delay_seconds: float, error: str | None) -> bool:
         """Give the turn back (queued, journal kept) to be claimed again after a delay."""
         row = self.db.one(
-            "release_turn", turn_id=turn_id, epoch=epoch, delay=delay_seconds, error=error
+            "release_turn",
+            turn_id=turn_id,
+            epoch=epoch,
+            delay=delay_seconds,
+            error=redact(error) if error else None,
         )
         return row is not None
 

@@ -44,11 +44,13 @@ class HttpRequest:
 
 @dataclass(frozen=True)
 class HttpResponse:
-    """A JSON response: status code, JSON-serialisable payload and extra headers."""
+    """A JSON response: status code, JSON-serialisable payload and extra headers; ``raw``
+    sends those bytes as they are instead (with the Content-Type of ``headers``)."""
 
     status: int
     payload: Any
     headers: dict[str, str] = field(default_factory=dict)
+    raw: bytes | None = None
 
 
 class RequestGate:
@@ -173,11 +175,11 @@ class _Handler(BaseHTTPRequestHandler):
             response = service.handle(request)
         except Exception as exc:  # a bug in a handler must not look like a hung server
             response = service.internal_error(exc)
-        data = json.dumps(response.payload).encode("utf-8")
+        data = response.raw if response.raw is not None else json.dumps(response.payload).encode()
+        headers = {"Content-Type": "application/json", **response.headers}
         self.send_response(response.status)
-        self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
-        for name, value in response.headers.items():
+        for name, value in headers.items():
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)

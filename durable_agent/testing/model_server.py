@@ -105,6 +105,17 @@ def request_digest(body: JsonDict) -> str:
 class _Fault:
     status: int
     retry_after: float | None
+    kind: str = "error"
+
+
+MALFORMED = {
+    "html": "a 200 whose body is an HTML page (a proxy's error page)",
+    "truncated": "a 200 whose JSON body is cut off",
+    "empty-message": "a completion whose message has no content and no tool calls",
+    "no-choices": "a completion with an empty choices list",
+    "custom-tool-call": "a completion calling a tool of type 'custom'",
+}
+"""What `answer_next_malformed(kind)` can send instead of a proper completion."""
 
 
 _ERROR_TYPES = {
@@ -148,6 +159,7 @@ class ScriptedModelServer(LoopbackHttpService):
         self.policy = policy
         self.model = model
         self.delay_seconds: float = 0.0
+        self.fail_message: str | None = None  # the error text of injected failures
         self._lock = threading.Lock()
         self._requests: list[JsonDict] = []
         self._digests: list[str] = []
@@ -216,6 +228,14 @@ class ScriptedModelServer(LoopbackHttpService):
             raise ValueError("fail_next() needs an error status (>= 400)")
         with self._lock:
             self._faults.extend(_Fault(status, retry_after) for _ in range(n))
+
+    def answer_next_malformed(self, kind: str, n: int = 1) -> None:
+        """Answer the next `n` chat completion requests with a malformed success
+        (see `MALFORMED`): what a real endpoint or a proxy in front of it sometimes sends."""
+        if kind not in MALFORMED:
+            raise ValueError(f"kind must be one of {sorted(MALFORMED)}, got {kind!r}")
+        with self._lock:
+            self._faults.extend(_Fault(200, None, kind) for _ in range(n))
 
     def hold(self) -> None:
         """Block incoming chat completion requests (after they are counted) until `release()`."""
@@ -290,16 +310,36 @@ class ScriptedModelServer(LoopbackHttpService):
         self.gate.pass_through()
         self.gate.pause(self.delay_seconds)
 
+        if fault is not None and fault.kind != "error":
+            return _malformed(fault.kind, body, digest)
         if fault is not None:
             headers = {}
             if fault.retry_after is not None:
                 headers["retry-after-ms"] = str(round(fault.retry_after * 1000))
             return _openai_error(
-                fault.status, f"Injected failure ({fault.status}).", headers=headers
+                fault.status,
+                self.fail_message or f"Injected failure ({fault.status}).",
+                headers=headers,
             )
         answer = self.policy(json.loads(json.dumps(body)))
         message = _normalise_message(answer, len(messages))
         return HttpResponse(200, _completion(body, message, digest))
+
+
+def _malformed(kind: str, body: JsonDict, digest: str) -> HttpResponse:
+    if kind == "html":
+        page = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
+        return HttpResponse(200, None, {"Content-Type": "text/html"}, raw=page)
+    if kind == "truncated":
+        whole = json.dumps(_completion(body, {"role": "assistant", "content": "x"}, digest))
+        return HttpResponse(200, None, raw=whole[: len(whole) // 2].encode())
+    if kind == "no-choices":
+        return HttpResponse(200, {**_completion(body, reply(""), digest), "choices": []})
+    if kind == "custom-tool-call":
+        call = {"id": "call_custom", "type": "custom", "custom": {"name": "x", "input": "y"}}
+        message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        return HttpResponse(200, _completion(body, message, digest))
+    return HttpResponse(200, _completion(body, {"role": "assistant", "content": None}, digest))
 
 
 _CONTROL_PATHS = frozenset({"/_reset", "/_fail", "/_hold", "/_release", "/_delay"})

@@ -202,3 +202,73 @@ def test_no_endpoint_at_all_is_a_configuration_error() -> None:
     """Neither OPENAI_API_KEY nor OPENAI_BASE_URL: one clear line, not the SDK's traceback."""
     with pytest.raises(ConfigurationError, match="OPENAI_API_KEY"):
         ModelClient(Settings(openai_api_key=None, openai_base_url=None))
+
+
+@pytest.mark.parametrize(
+    ("status", "says"),
+    [
+        (401, "refused the key"),
+        (403, "does not allow this key"),
+        (404, "does not know this model or URL"),
+        (413, "refused a request this large"),
+        (402, "rejected the request (402)"),
+    ],
+)
+def test_configuration_errors_fail_at_once_without_retries(
+    server: ScriptedModelServer, make_client: Callable[..., ModelClient], status: int, says: str
+) -> None:
+    """A wrong key, model or URL, or a request too large, is not an outage: one request, then
+    TurnFailed (not retryable) with a reason that says what to fix."""
+    server.fail_next(1, status)
+    client = make_client(server.base_url, retries=3)
+
+    with pytest.raises(TurnFailed) as caught:
+        client(request())
+
+    assert says in str(caught.value)
+    assert not caught.value.retryable
+    assert server.request_count == 1
+
+
+@pytest.mark.parametrize("kind", ["html", "truncated", "no-choices", "empty-message"])
+def test_a_200_that_is_not_a_usable_completion_is_treated_like_a_5xx(
+    server: ScriptedModelServer, make_client: Callable[..., ModelClient], kind: str
+) -> None:
+    """An HTML page, cut-off JSON, no choices, or a message with neither content nor tool
+    calls: ModelUnavailable (the turn is retried after a backoff), never a crash."""
+    server.answer_next_malformed(kind)
+    client = make_client(server.base_url)
+
+    with pytest.raises(ModelUnavailable) as caught:
+        client(request())
+
+    assert caught.value.retryable
+    assert server.base_url in str(caught.value)
+
+
+def test_a_tool_call_of_another_type_is_kept_for_the_runner_to_answer(
+    server: ScriptedModelServer, make_client: Callable[..., ModelClient]
+) -> None:
+    server.answer_next_malformed("custom-tool-call")
+    response = make_client(server.base_url)(request())
+
+    [call] = response["message"]["tool_calls"]
+    assert call["type"] == "custom" and call["id"] == "call_custom"
+
+
+def test_credentials_in_error_text_are_stripped(
+    server: ScriptedModelServer, make_client: Callable[..., ModelClient]
+) -> None:
+    """An endpoint that echoes the key or a password in its error: stored and logged text
+    has them replaced."""
+    base_url = server.base_url.replace("http://", "http://user:hunter2@")
+    server.fail_next(1, 401)
+    server.fail_message = "bad key sk-proj-abcdefghijkl, header Bearer abc.def.ghi123"
+    client = make_client(base_url)
+
+    with pytest.raises(TurnFailed) as caught:
+        client(request())
+
+    text = str(caught.value)
+    assert "sk-proj-abcdefghijkl" not in text and "abc.def.ghi123" not in text
+    assert "sk-***" in text and "Bearer ***" in text
