@@ -19,11 +19,18 @@ first close completes while the transport is attached, and a restore asked for a
 transport was detached is skipped with a warning. Skipped messages stay in Redis' unacked
 hash (kombu restores them after the visibility timeout) or were lost with Redis; either
 way Postgres knows the turn, and the sweeper sends it again.
+
+It also keeps a list item that is not a kombu message at all (not JSON, or JSON without a
+message's fields: only something writing raw bytes into the queue's Redis list makes one)
+from stopping the worker: it is logged, kept on ``<queue>.dead`` and skipped. Everything
+above that level is checked by :mod:`durable_agent.poison`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from queue import Empty
 from typing import Any
 
@@ -51,11 +58,16 @@ class Channel(kombu_redis.Channel):
     QoS = QoS
 
     def _brpop_read(self, **options: Any) -> Any:
-        if not self._closing:
-            return super()._brpop_read(**options)  # type: ignore[no-untyped-call]
         try:
             return super()._brpop_read(**options)  # type: ignore[no-untyped-call]
+        except json.JSONDecodeError as error:
+            # the list item is not JSON; kombu has moved the queue it came from to the end
+            queue = self._queue_cycle.items[-1] if self._queue_cycle.items else "unknown"
+            drop_envelope(self, queue, error.doc, f"not JSON ({error.msg})")
+            return True
         except self.connection_errors:
+            if not self._closing:
+                raise
             # closing on a dead socket: the poll is over, nothing more will be read
             self._in_poll = False
             raise Empty() from None
@@ -63,6 +75,33 @@ class Channel(kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+    def _deliver(self, message: Any, queue: str) -> Any:
+        if queue and queue in self._callbacks and self.channels:
+            channel = self.channels[0]
+            try:
+                if not isinstance(message, dict):
+                    raise TypeError(f"a {type(message).__name__}, not a message")
+                channel.Message(message, channel=channel)  # what kombu builds next
+            except Exception as error:
+                drop_envelope(channel, queue, message, f"{type(error).__name__}: {error}")
+                return None
+        return super()._deliver(message, queue)  # type: ignore[no-untyped-call]
+
+
+def drop_envelope(channel: Any, queue: str, raw: Any, reason: str) -> None:
+    """Log a list item that is no message, once, and keep it on ``<queue>.dead``."""
+    from .poison import DEAD_SUFFIX, shorten
+
+    log.error("malformed envelope on %s dropped: %s | raw=%s", queue, reason, shorten(raw))
+    record = {
+        "x-death-reason": reason[:1000],
+        "x-death-where": "transport",
+        "x-death-at": time.time(),
+        "raw": raw if isinstance(raw, str) else json.dumps(raw, default=repr),
+    }
+    with channel.conn_or_acquire() as client:
+        client.lpush(queue + DEAD_SUFFIX, json.dumps(record))
 
 
 TRANSPORT = f"{__name__}:Transport"

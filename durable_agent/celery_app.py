@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task, signals
-from celery.exceptions import Reject
 
 from .broker import transport_for
-from .errors import DurableAgentError, ServiceUnavailable, TurnNotFound
+from .errors import DurableAgentError, InvalidArgument, ServiceUnavailable, TurnNotFound
+from .inputs import check_id
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -49,7 +48,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # A broker blip must not cut a running turn (a turn inside send_email would become
+        # "may or may not have happened"): Postgres holds the truth, and the late or lost
+        # ack only brings a duplicate delivery, which the claim refuses.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        # Malformed messages are logged once and dead-lettered (see durable_agent.poison).
+        "worker_consumer": "durable_agent.poison:GuardedConsumer",
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "worker_hijack_root_logger": False,
@@ -78,10 +82,42 @@ def create_app(runtime: Runtime) -> Celery:
         return len(runtime.sweeper().sweep_once())
 
     # shared=False: Celery would otherwise add these closures, bound to this runtime, to
-    # every app created later in the process.
-    app.task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True, shared=False)(run_turn)
-    app.task(name=SWEEP_TASK_NAME, ignore_result=True, shared=False)(sweep)
+    # every app created later in the process. Strategy: messages are checked before they
+    # reach Celery's own strategy (see durable_agent.poison).
+    guarded = {"shared": False, "Strategy": "durable_agent.poison:guarded_strategy"}
+    app.task(
+        name=TASK_NAME,
+        bind=True,
+        acks_late=True,
+        ignore_result=True,
+        check_arguments=staticmethod(_check_run_turn),
+        **guarded,
+    )(run_turn)
+    app.task(
+        name=SWEEP_TASK_NAME,
+        ignore_result=True,
+        check_arguments=staticmethod(_check_sweep),
+        **guarded,
+    )(sweep)
     return app
+
+
+def _check_run_turn(args: list[Any], kwargs: dict[str, Any]) -> None:
+    if kwargs or len(args) != 2:
+        raise ValueError(
+            f"run_turn takes (session_id, turn_id), got {len(args)} argument(s) and "
+            f"keywords {sorted(kwargs)[:5]}"
+        )
+    for name, value in zip(("session_id", "turn_id"), args, strict=True):
+        try:
+            check_id(name, value)
+        except InvalidArgument as error:
+            raise ValueError(str(error)) from None
+
+
+def _check_sweep(args: list[Any], kwargs: dict[str, Any]) -> None:
+    if args or kwargs:
+        raise ValueError("sweep takes no arguments")
 
 
 def handle_delivery(runtime: Runtime, turn_id: str) -> str:
@@ -93,22 +129,23 @@ def handle_delivery(runtime: Runtime, turn_id: str) -> str:
     worker's memory, and with kombu 5.7 on Redis such a worker dies when the broker
     connection drops.
     """
-    worker = runtime.turn_worker()
-    try:
-        delivery = worker.handle(turn_id)
-    except TurnNotFound:
-        log.error("delivery for unknown turn %s dropped", turn_id)
-        return "unknown turn"
-    except ServiceUnavailable as error:
-        from .worker import Delivery, Outcome
+    from .worker import Delivery, Outcome
 
-        delivery = Delivery(turn_id, Outcome.INTERRUPTED, str(error))
-    if delivery.outcome == "interrupted":
-        # Postgres is unreachable: give the message back after a short pause, so the turn
-        # goes on as soon as the database is back (the claim, if any, is this worker's own).
-        log.warning("turn %s interrupted, will retry: %s", turn_id, delivery.detail)
-        time.sleep(min(2.0, runtime.settings.lease_seconds / 3))
-        raise Reject(delivery.detail, requeue=True)
+    worker = runtime.turn_worker()
+    while True:
+        try:
+            delivery = worker.handle(turn_id)
+        except TurnNotFound:
+            log.error("delivery for unknown turn %s dropped", turn_id)
+            return "unknown turn"
+        except ServiceUnavailable as error:
+            delivery = Delivery(turn_id, Outcome.INTERRUPTED, str(error))
+        if delivery.outcome != Outcome.INTERRUPTED:
+            runtime.outage.recovered()
+            break
+        # Postgres is unreachable: keep the message, wait for Postgres, then handle the turn
+        # again here; the claim is this worker's own, so nothing counts as a crash.
+        runtime.outage.wait(delivery.detail)
     if delivery.follow_up is not None:
         try:
             runtime.enqueue(*delivery.follow_up)

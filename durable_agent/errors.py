@@ -3,6 +3,7 @@
 The tree is shallow on purpose::
 
     DurableAgentError
+    ├── InvalidArgument           a call was given a bad value (an id, a message, a timeout)
     ├── ConfigurationError        a setting, URL or tools module is wrong (fix the config)
     │   └── ToolDefinitionError   a @tool is declared wrongly (fails at import)
     ├── ServiceUnavailable        Postgres or the broker cannot be reached (retryable)
@@ -24,6 +25,10 @@ class DurableAgentError(Exception):
     """Base class of every error this library raises on purpose."""
 
     retryable = False
+
+
+class InvalidArgument(DurableAgentError, ValueError):
+    """A value handed to durable-agent is not acceptable; nothing was written or sent."""
 
 
 class ConfigurationError(DurableAgentError):

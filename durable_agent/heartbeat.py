@@ -29,6 +29,7 @@ class Heartbeat:
         self.interval = lease_seconds / 3
         self.lost = threading.Event()
         self.reason = ""
+        self.unreachable = False  # lost because Postgres could not be reached, not taken over
         self._stop = threading.Event()
         self._last_renewal = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{turn_id}", daemon=True)
@@ -48,6 +49,7 @@ class Heartbeat:
                 renewed = self.leases.renew(self.turn_id, self.epoch, self.lease_seconds)
             except DurableAgentError as error:
                 if time.monotonic() - self._last_renewal >= self.lease_seconds:
+                    self.unreachable = True
                     self._mark_lost(f"could not renew the lease for {self.lease_seconds}s: {error}")
                     return
                 continue

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from celery import Celery
 
     from .model import ModelClient
+    from .outage import Outage
     from .sweeper import Sweeper
     from .worker import TurnWorker
 
@@ -113,6 +114,13 @@ class Runtime:
         from .celery_app import create_app
 
         return self._part("celery", lambda: create_app(self))
+
+    @property
+    def outage(self) -> Outage:
+        """This process's view of Postgres outages (one log line as one starts and ends)."""
+        from .outage import Outage
+
+        return self._part("outage", lambda: Outage(lambda: self.database.value("ping")))
 
     def turn_worker(self) -> TurnWorker:
         """What runs deliveries in this process (tools imported, model client built)."""

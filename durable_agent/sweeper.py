@@ -26,7 +26,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from .errors import DurableAgentError
+from .errors import DurableAgentError, ServiceUnavailable
 from .queue import send
 
 if TYPE_CHECKING:
@@ -85,10 +85,15 @@ class SweeperThread:
 
     def _run(self) -> None:
         interval = self.sweeper.settings.sweep_interval_seconds
+        outage = self.sweeper.runtime.outage
         while not self._stop.wait(interval):
             try:
                 self.sweeper.sweep_once()
+            except ServiceUnavailable as error:
+                outage.report(error)  # one line per outage, not one per pass
+                continue
             except DurableAgentError as error:
                 log.warning("sweep skipped: %s", error)
             except Exception:
                 log.exception("sweep failed")
+            outage.recovered()

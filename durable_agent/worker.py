@@ -112,6 +112,9 @@ class TurnWorker:
                     raise LeaseLost(f"turn {turn.turn_id}: reply not recorded, epoch moved on")
                 delivery.detail = reply
             except LeaseLost as error:
+                if beat.unreachable:  # not taken over: Postgres was out of reach for a lease
+                    delivery.outcome, delivery.detail = Outcome.INTERRUPTED, str(error)
+                    return delivery
                 log.warning("stopping turn %s: %s", turn.turn_id, error)
                 delivery.outcome, delivery.detail = Outcome.LOST, str(error)
                 return delivery
@@ -122,7 +125,6 @@ class TurnWorker:
                 delivery.outcome, delivery.detail = Outcome.DEFERRED, str(error)
                 return delivery
             except ServiceUnavailable as error:
-                log.warning("turn %s interrupted: %s", turn.turn_id, error)
                 delivery.outcome, delivery.detail = Outcome.INTERRUPTED, str(error)
                 return delivery
             except Exception as error:  # TurnFailed, or a bug: end the turn with the reason

@@ -21,7 +21,13 @@ from typing import Any, Self, cast
 
 from aiosmtpd.controller import Controller
 
-from durable_agent.testing.http import LOOPBACK, HttpRequest, HttpResponse, LoopbackHttpService
+from durable_agent.testing.http import (
+    LOOPBACK,
+    HttpRequest,
+    HttpResponse,
+    LoopbackHttpService,
+    RequestGate,
+)
 
 __all__ = ["InboxMessage", "SmtpInbox"]
 
@@ -94,6 +100,8 @@ class _SmtpHandler:
         self._inbox = inbox
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        # a held inbox keeps the sender waiting inside the SMTP transaction (off the loop)
+        await asyncio.get_running_loop().run_in_executor(None, self._inbox.gate.pass_through)
         raw = envelope.original_content or envelope.content
         if isinstance(raw, str):
             raw = raw.encode("utf-8")
@@ -150,6 +158,7 @@ class SmtpInbox:
         self._next_id = 1
         self._controller: _Controller | None = None
         self._api = _InboxApi(self, host=host, port=api_port)
+        self.gate = RequestGate()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -222,6 +231,18 @@ class SmtpInbox:
         return self._api.url
 
     # -- messages ----------------------------------------------------------------------
+
+    def hold(self) -> None:
+        """Keep every sender waiting after DATA, before the message is accepted, until
+        `release()`: an email caught in the middle of its SMTP transaction."""
+        self.gate.hold()
+
+    def release(self) -> None:
+        self.gate.release()
+
+    def wait_for_waiting(self, n: int = 1, timeout: float = 10.0) -> None:
+        """Return once `n` senders are held; raise TimeoutError otherwise."""
+        self.gate.wait_for_waiting(n, timeout)
 
     def _deliver(self, sender: str, recipients: list[str], raw: bytes) -> None:
         with self._cond:
