@@ -23,11 +23,12 @@ log = logging.getLogger("durable_agent.outage")
 class Outage:
     """The Postgres reachability of one process, as its threads have found it."""
 
-    def __init__(self, ping: Callable[[], object], *, max_interval: float = 5.0) -> None:
+    def __init__(self, ping: Callable[[], object], *, max_interval: float = 0.5) -> None:
         self.ping = ping
         self.max_interval = max_interval
         self._lock = threading.Lock()
         self._since: float | None = None
+        self._ended: float | None = None
         os.register_at_fork(after_in_child=self._after_fork)
 
     def _after_fork(self) -> None:
@@ -36,6 +37,12 @@ class Outage:
     @property
     def down(self) -> bool:
         return self._since is not None
+
+    def ended_within(self, seconds: float) -> bool:
+        """Did an outage end less than ``seconds`` ago (or is one going on)?"""
+        if self._since is not None:
+            return True
+        return self._ended is not None and time.monotonic() - self._ended < seconds
 
     def report(self, error: BaseException | str) -> None:
         """A call failed because Postgres is unreachable: log it if this starts an outage."""
@@ -48,16 +55,17 @@ class Outage:
         """A call reached Postgres: log the end of the outage, if there was one."""
         with self._lock:
             if self._since is not None:
+                self._ended = time.monotonic()
                 log.warning(
                     "Postgres is reachable again after %.1fs; turns go on",
-                    time.monotonic() - self._since,
+                    self._ended - self._since,
                 )
                 self._since = None
 
     def wait(self, error: BaseException | str, *, stop: threading.Event | None = None) -> None:
         """Block until Postgres answers again (or ``stop`` is set), polling with backoff."""
         self.report(error)
-        interval = 0.2
+        interval = 0.05
         while stop is None or not stop.is_set():
             try:
                 self.ping()

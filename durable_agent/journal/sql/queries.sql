@@ -205,7 +205,8 @@ WHERE t.status IN ('queued', 'running')
   AND (
         (t.enqueued_at IS NULL
          AND t.created_at <= durable_agent_now() - make_interval(secs => :grace))
-     OR (t.lease_owner IS NOT NULL AND t.lease_expires_at <= durable_agent_now()
+     OR (:claims_expire AND t.lease_owner IS NOT NULL
+         AND t.lease_expires_at <= durable_agent_now()
          AND (t.enqueued_at IS NULL OR t.enqueued_at <= t.lease_expires_at))
      OR (t.not_before IS NOT NULL AND t.enqueued_at < t.not_before)
      OR (t.enqueued_at <= durable_agent_now() - make_interval(secs => :requeue_after))

@@ -1,0 +1,111 @@
+"""The broker and the database go away and come back: running turns are not cut, workers do
+not exit, and an outage is not counted as a worker's death. Each test kills and restarts
+its own throwaway Redis or Postgres, never the shared ones."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING
+
+import pytest
+
+from durable_agent import start_turn
+from durable_agent.testing.harness import wait_until
+
+if TYPE_CHECKING:
+    from conftest import Spawn, Stack
+
+    from durable_agent.embedded import EmbeddedServices
+
+
+def test_a_redis_restart_does_not_stop_a_prefork_worker(
+    stack: Stack, spawn: Spawn, own_redis: EmbeddedServices
+) -> None:
+    """A prefork worker running fewer turns than its concurrency holds an unacknowledged
+    message and a pending BRPOP; kombu 5.7 ended such a worker (exit 1, AttributeError in
+    restore_unacked) when Redis restarted. Here it lives on: the running turn finishes, and
+    a turn sent to the new Redis runs too."""
+    settings = stack.settings.model_copy(update={"broker_url": own_redis.broker_url})
+    worker = spawn(settings=settings, pool="prefork", concurrency=2)
+    stack.model.hold()
+    running = start_turn(f"s-{uuid.uuid4().hex[:6]}", stack.message, settings=settings)
+    stack.model.wait_for_waiting(1, timeout=20)
+
+    own_redis.restart_redis()
+    stack.model.release()
+    done = stack.wait_turn(running, 40)
+    later = start_turn(f"s-{uuid.uuid4().hex[:6]}", stack.message, settings=settings)
+    after = stack.wait_turn(later, 40)
+
+    log = worker.log_text()
+    assert done.status == "done" and after.status == "done", stack.report(running)
+    assert worker.alive(), log
+    assert "AttributeError" not in log and "Unrecoverable error" not in log, log
+    assert len(stack.inbox.messages) == 2
+
+
+@pytest.mark.parametrize("pool", ["solo", "prefork"])
+def test_a_broker_blip_does_not_cut_a_turn_inside_send_email(
+    stack: Stack, spawn: Spawn, own_redis: EmbeddedServices, pool: str
+) -> None:
+    """Redis restarts while send_email is in the middle of its SMTP transaction. The turn
+    is not terminated (which made the email 'may or may not have happened'): the send
+    completes, is recorded as sent, and exactly one email arrives."""
+    settings = stack.settings.model_copy(update={"broker_url": own_redis.broker_url})
+    worker = spawn(settings=settings, pool=pool, concurrency=2)
+    stack.inbox.hold()
+    turn_id = start_turn(f"s-{uuid.uuid4().hex[:6]}", stack.message, settings=settings)
+    stack.inbox.wait_for_waiting(1, timeout=30)
+
+    own_redis.restart_redis()
+    if pool == "prefork":  # the main process sees the loss while the child sends (a solo
+        # worker runs the turn on the consumer's thread and sees it when the turn is over)
+        wait_until(lambda: "Connection to broker lost" in worker.log_text(), 20, "the loss")
+    stack.inbox.release()
+    turn = stack.wait_turn(turn_id, 40)
+
+    report = stack.report(turn_id)
+    assert turn.status == "done" and turn.reply == stack.clean_reply, report
+    send = stack.journal(turn_id)[3]
+    assert send.name == "send_email" and not send.output.get("uncertain"), report
+    assert send.output["content"].startswith("Sent"), report
+    assert stack.subjects() == [stack.subject], report
+    assert (turn.attempts, turn.crashes) == (1, 0), report
+    assert worker.alive(), report
+
+
+def test_a_postgres_outage_is_waited_out_and_counts_no_crash(
+    stack: Stack, spawn: Spawn, own_postgres: EmbeddedServices
+) -> None:
+    """Postgres is killed while three turns are inside model calls on a solo and a prefork
+    worker, and stays down for over two leases. The workers wait for it (one log line as
+    the outage starts, none per delivery, no traceback), then finish every turn; no turn
+    counts a crash, since no worker died."""
+    settings = stack.settings.model_copy(update={"database_url": own_postgres.database_url})
+    solo = spawn(settings=settings)
+    prefork = spawn(settings=settings, pool="prefork", concurrency=2)
+    stack.model.hold()
+    turn_ids = [
+        start_turn(f"s-{uuid.uuid4().hex[:6]}", stack.message, settings=settings)
+        for _ in range(3)
+    ]
+    stack.model.wait_for_waiting(3, timeout=30)
+
+    own_postgres.restart_postgres(kill=True, downtime=2.5 * settings.lease_seconds)
+    stack.model.release()
+
+    from durable_agent.runtime import runtime_for
+
+    runtime = runtime_for(settings)
+    for turn_id in turn_ids:
+        turn = runtime.wait_for_turn(turn_id, 60)
+        assert turn.status == "done" and turn.reply == stack.clean_reply, stack.logs()
+        assert turn.crashes == 0, (turn, stack.logs())
+    assert len(stack.inbox.messages) == 3
+    for worker in (solo, prefork):
+        log = worker.log_text()
+        assert worker.alive(), log
+        assert "Traceback" not in log, log
+        processes = 1 if worker is solo else 3  # main (sweeper) + two children
+        assert 1 <= log.count("Postgres is unreachable") <= processes, log
+        assert log.count("Postgres is reachable again") >= 1, log
