@@ -86,8 +86,7 @@ def test_a_postgres_outage_is_waited_out_and_counts_no_crash(
     prefork = spawn(settings=settings, pool="prefork", concurrency=2)
     stack.model.hold()
     turn_ids = [
-        start_turn(f"s-{uuid.uuid4().hex[:6]}", stack.message, settings=settings)
-        for _ in range(3)
+        start_turn(f"s-{uuid.uuid4().hex[:6]}", stack.message, settings=settings) for _ in range(3)
     ]
     stack.model.wait_for_waiting(3, timeout=30)
 

@@ -36,9 +36,7 @@ def test_every_replacement_child_takes_turns_after_a_sibling_died(
     assert worker.alive(), stack.logs()
 
 
-def test_twenty_killed_children_leave_every_slot_taking_turns(
-    stack: Stack, spawn: Spawn
-) -> None:
+def test_twenty_killed_children_leave_every_slot_taking_turns(stack: Stack, spawn: Spawn) -> None:
     """SIGKILL a pool child twenty times, each time after Celery replaced the last one, with
     the sweeper running every 50 ms; then three turns held at the model at once show that
     all three slots take turns."""
