@@ -19,6 +19,7 @@ from celery import Celery, Task, signals
 from .broker import transport_for
 from .errors import DurableAgentError, InvalidArgument, ServiceUnavailable, TurnNotFound
 from .inputs import check_id
+from .journal.holders import worker_identity
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -81,6 +82,16 @@ def create_app(runtime: Runtime) -> Celery:
         """One sweep pass, for those who schedule it with ``celery beat`` instead."""
         return len(runtime.sweeper().sweep_once())
 
+    def received(args: list[Any], kwargs: dict[str, Any], message_id: str) -> None:
+        """In the worker's main process, as a run_turn message arrives: note who has it, so
+        that the sweeper sends the turn again if this worker dies before it claims it."""
+        try:
+            runtime.journal.record_receipt(args[1], message_id, worker_identity())
+        except ServiceUnavailable as error:
+            runtime.outage.report(error)  # the claim will wait for Postgres anyway
+        except DurableAgentError as error:
+            log.warning("could not note the receipt of %s: %s", args[1], error)
+
     # shared=False: Celery would otherwise add these closures, bound to this runtime, to
     # every app created later in the process. Strategy: messages are checked before they
     # reach Celery's own strategy (see durable_agent.poison).
@@ -91,6 +102,7 @@ def create_app(runtime: Runtime) -> Celery:
         acks_late=True,
         ignore_result=True,
         check_arguments=staticmethod(_check_run_turn),
+        on_receipt=staticmethod(received),
         **guarded,
     )(run_turn)
     app.task(

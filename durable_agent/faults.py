@@ -3,8 +3,9 @@
 ``before_run`` fires after the step's intent is committed and before the call runs;
 ``after_run`` fires after the call returned and before its outcome is recorded. The target
 is a step number (``4:after_run``) or a tool name (``refund_order:after_run``: the first
-call of that tool this process makes). The process ends with ``os._exit(1)``: no cleanup,
-no ack, exactly like a killed worker.
+call of that tool this process makes). ``CRASH_AT=delivery:before_claim`` fires when a
+delivery arrives, after the worker noted its receipt and before it claims the turn. The
+process ends with ``os._exit(1)``: no cleanup, no ack, exactly like a killed worker.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from .errors import ConfigurationError
 
 CrashPoint = Literal["before_run", "after_run"]
 POINTS: tuple[CrashPoint, ...] = ("before_run", "after_run")
+DELIVERY = ("delivery", "before_claim")
 ENV = "CRASH_AT"
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,8 @@ def parse(spec: str | None) -> tuple[int | str, CrashPoint] | None:
     """``"4:after_run"`` -> ``(4, "after_run")``; ``"send_email:before_run"`` keeps the name."""
     if not spec:
         return None
+    if tuple(spec.strip().split(":")) == DELIVERY:
+        return DELIVERY  # type: ignore[return-value]
     target, _, point = spec.strip().rpartition(":")
     if not target or point not in POINTS:
         raise ConfigurationError(
@@ -47,9 +51,17 @@ class Faults:
 
     def maybe_crash(self, step: int, point: CrashPoint, name: str = "") -> None:
         if self.armed is not None and self.armed[1] == point and self.armed[0] in (step, name):
-            log.warning("%s=%s:%s reached at step %d: exiting now", ENV, *self.armed, step)
-            for handler in logging.getLogger().handlers:
-                handler.flush()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
+            _exit(f"{ENV}={self.armed[0]}:{self.armed[1]} reached at step {step}")
+
+    def maybe_crash_before_claim(self) -> None:
+        if self.armed == DELIVERY:
+            _exit(f"{ENV}=delivery:before_claim reached")
+
+
+def _exit(what: str) -> None:
+    log.warning("%s: exiting now", what)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)

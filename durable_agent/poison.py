@@ -50,6 +50,8 @@ _CANVAS = ("callbacks", "errbacks", "chain", "chord")
 
 ArgumentCheck = Callable[[list[Any], dict[str, Any]], None]
 """A task's check of its arguments: raises ValueError saying what is wrong."""
+Receipt = Callable[[list[Any], dict[str, Any], str], None]
+"""A task's note that a well-formed message (args, kwargs, message id) was received."""
 
 
 def shorten(value: Any, limit: int = SHOWN) -> str:
@@ -153,10 +155,14 @@ def guarded_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Call
     """The Celery strategy of durable-agent's tasks: Celery's, after the message is checked."""
     handle = default_strategy(task, app, consumer, **options)
     check_arguments = getattr(task, "check_arguments", None)
+    on_receipt: Receipt | None = getattr(task, "on_receipt", None)
     broker_errors = _broker_errors(consumer)
 
     def task_message_handler(message: Any, body: Any, *args: Any, **kwargs: Any) -> Any:
         check_message(message, check_arguments)
+        if on_receipt is not None:
+            task_args, task_kwargs, _ = message.decode()
+            on_receipt(list(task_args), dict(task_kwargs), message.headers["id"])
         try:
             return handle(message, body, *args, **kwargs)
         except InvalidTaskError:

@@ -156,12 +156,23 @@ class Runtime:
 
     # -- the client -----------------------------------------------------------------------
 
-    def enqueue(self, session_id: str, turn_id: str) -> None:
-        """Send ``run_turn(session_id, turn_id)`` and note when it was sent."""
-        from .queue import send
+    @property
+    def queues(self) -> list[str]:
+        """The queues this runtime's workers serve: a turn of another queue is handed back."""
+        return [self.settings.queue]
 
-        send(self, session_id, turn_id)
-        self.journal.mark_enqueued([turn_id])
+    def enqueue(self, session_id: str, turn_id: str, queue: str = "") -> None:
+        """Send ``run_turn(session_id, turn_id)`` to the turn's queue (``""``: this
+        runtime's), having noted first which message is the turn's latest."""
+        from .queue import new_message_id, send
+
+        message_id = new_message_id()
+        self.journal.mark_sent([turn_id], [message_id])
+        try:
+            send(self, session_id, turn_id, queue=queue, message_id=message_id)
+        except ServiceUnavailable:
+            self.journal.unmark_sent(turn_id, message_id)
+            raise
 
     def start_turn(self, session_id: str, message: str, *, turn_id: str | None = None) -> str:
         """Record a turn in Postgres, then enqueue it; returns the turn id.
@@ -170,10 +181,12 @@ class Runtime:
         enqueues turns that were recorded but never sent. Passing your own ``turn_id`` makes
         a retried call return the same turn instead of creating a second one.
         """
-        turn = self.journal.create_turn(session_id, message, turn_id=turn_id)
+        turn = self.journal.create_turn(
+            session_id, message, turn_id=turn_id, queue=self.settings.queue
+        )
         if turn.status in (TurnStatus.QUEUED, TurnStatus.RUNNING):
             try:
-                self.enqueue(session_id, turn.turn_id)
+                self.enqueue(session_id, turn.turn_id, turn.queue)
             except ServiceUnavailable as error:
                 log.warning(
                     "turn %s is recorded; %s; the sweeper will enqueue it", turn.turn_id, error

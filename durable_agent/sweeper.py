@@ -27,7 +27,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from .errors import DurableAgentError, ServiceUnavailable
-from .queue import send
+from .queue import new_message_id, send
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -49,25 +49,43 @@ class Sweeper:
     def sweep_once(self) -> list[tuple[str, str, str]]:
         runtime = self.runtime
         runtime.leases.end_dead_local_holders()  # their turns are then due as 'claim expired'
+        dead_receivers = runtime.leases.dead_local_receivers()
         with runtime.database.transaction() as tx:
             if not tx.value("try_sweep_lock", key=_LOCK_KEY):
                 return []
             rows = tx.run(
                 "due_turns",
                 grace=self.grace_seconds,
+                lease=self.settings.lease_seconds,
                 requeue_after=self.settings.requeue_after_seconds,
+                dead_receivers=dead_receivers,
                 batch=self.batch,
                 # Right after a Postgres outage, claims that ran out during it belong to
                 # workers that were waiting for Postgres too: give them a lease to return.
                 claims_expire=not runtime.outage.ended_within(self.settings.lease_seconds),
             )
-            sent = []
-            for row in rows:
-                send(runtime, row["session_id"], row["turn_id"])
-                sent.append((row["session_id"], row["turn_id"], row["why"]))
-                log.info("sweeper enqueued %s (%s)", row["turn_id"], row["why"])
-            if sent:
-                tx.run("mark_enqueued", turn_ids=[turn_id for _, turn_id, _ in sent])
+            sent: list[tuple[str, str, str]] = []
+            message_ids: list[str] = []
+            try:
+                for row in rows:
+                    message_id = new_message_id()
+                    send(
+                        runtime,
+                        row["session_id"],
+                        row["turn_id"],
+                        queue=row["queue"],
+                        message_id=message_id,
+                    )
+                    sent.append((row["session_id"], row["turn_id"], row["why"]))
+                    message_ids.append(message_id)
+                    log.info("sweeper enqueued %s (%s)", row["turn_id"], row["why"])
+            finally:  # what went out is recorded, even if the broker failed half-way
+                if sent:
+                    tx.run(
+                        "mark_sent",
+                        turn_ids=[turn_id for _, turn_id, _ in sent],
+                        message_ids=message_ids,
+                    )
         return sent
 
 

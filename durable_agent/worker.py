@@ -48,7 +48,7 @@ class Delivery:
     turn_id: str
     outcome: Outcome
     detail: str = ""
-    follow_up: tuple[str, str] | None = None  # (session_id, turn_id) to enqueue now
+    follow_up: tuple[str, str, str] | None = None  # (session_id, turn_id, queue) to enqueue
     read_back: list[int] = field(default_factory=list)
     executed: list[int] = field(default_factory=list)
 
@@ -73,10 +73,17 @@ class TurnWorker:
         self.faults = faults if faults is not None else Faults.from_env()
 
     def handle(self, turn_id: str) -> Delivery:
-        claim = self.leases.claim(turn_id, worker_identity(), self.settings.lease_seconds)
+        self.faults.maybe_crash_before_claim()
+        claim = self.leases.claim(
+            turn_id, worker_identity(), self.settings.lease_seconds, self.runtime.queues
+        )
         if isinstance(claim, Refusal):
             log.info("delivery of %s not run: %s", turn_id, claim.detail)
-            return Delivery(turn_id, Outcome.REFUSED, claim.detail)
+            delivery = Delivery(turn_id, Outcome.REFUSED, claim.detail)
+            if claim.reason == "elsewhere":  # hand it back to the queue it belongs to
+                turn = self.store.get_turn(turn_id)
+                delivery.follow_up = (turn.session_id, turn.turn_id, turn.queue)
+            return delivery
         if claim.turn.crashes >= self.settings.max_crashes:
             return self._give_up(claim)
         return self._run(claim)

@@ -27,8 +27,12 @@ class Leases:
         self.db = db
         self.end_dead_local_claims = end_dead_local_claims
 
-    def claim(self, turn_id: str, owner: str, lease_seconds: float) -> Claim | Refusal:
-        row = self._claim(turn_id, owner, lease_seconds)
+    def claim(
+        self, turn_id: str, owner: str, lease_seconds: float, queues: list[str] | None = None
+    ) -> Claim | Refusal:
+        """Take the turn for ``owner``, or say why not. With ``queues``, only a turn that
+        belongs to one of them is taken ("elsewhere" otherwise)."""
+        row = self._claim(turn_id, owner, lease_seconds, queues)
         if row is None:
             state = self.db.one("claim_refusal", turn_id=turn_id)
             if state is None:
@@ -39,18 +43,26 @@ class Leases:
                     turn_id, state["lease_owner"], state["lease_epoch"]
                 )
             ):
-                return _refusal(state)
-            row = self._claim(turn_id, owner, lease_seconds)
+                return _refusal(state, queues)
+            row = self._claim(turn_id, owner, lease_seconds, queues)
             if row is None:
                 state = self.db.one("claim_refusal", turn_id=turn_id)
                 if state is None:
                     raise TurnNotFound(turn_id)
-                return _refusal(state)
+                return _refusal(state, queues)
         turn = Turn.from_row(row)
         return Claim(turn=turn, epoch=turn.lease_epoch, owner=owner)
 
-    def _claim(self, turn_id: str, owner: str, lease_seconds: float) -> Row | None:
-        return self.db.one("claim_turn", turn_id=turn_id, owner=owner, lease_seconds=lease_seconds)
+    def _claim(
+        self, turn_id: str, owner: str, lease_seconds: float, queues: list[str] | None
+    ) -> Row | None:
+        return self.db.one(
+            "claim_turn",
+            turn_id=turn_id,
+            owner=owner,
+            lease_seconds=lease_seconds,
+            queues=queues,
+        )
 
     def end_claim_of_dead_holder(self, turn_id: str, owner: str | None, epoch: int) -> bool:
         """End a live claim at once if its holder is a process of this machine that died."""
@@ -77,6 +89,15 @@ class Leases:
             for row in rows
             if self.end_claim_of_dead_holder(row["turn_id"], row["lease_owner"], row["lease_epoch"])
         ]
+
+    def dead_local_receivers(self) -> list[str]:
+        """Worker processes of this machine that received a message of an open turn, never
+        claimed it, and no longer exist (killed between receiving and claiming)."""
+        token = host_token()
+        if token is None or not self.end_dead_local_claims:
+            return []
+        rows = self.db.run("unclaimed_receivers", pattern=f"%#{token}")
+        return [row["received_by"] for row in rows if holder_is_dead(row["received_by"])]
 
     def renew(self, turn_id: str, epoch: int, lease_seconds: float) -> bool:
         """Extend the lease; False when the epoch moved on (the turn was taken over)."""
@@ -120,12 +141,18 @@ class Leases:
         return row is not None
 
 
-def _refusal(state: Row) -> Refusal:
+def _refusal(state: Row, queues: list[str] | None) -> Refusal:
     """Why the claim failed, from the turn as it was just read."""
     turn = Turn.from_row(state)
     now: datetime = _aware(state["now"])
     if turn.finished:
         return Refusal("finished", f"turn {turn.turn_id} is already {turn.status}")
+    if queues is not None and turn.queue and turn.queue not in queues:
+        return Refusal(
+            "elsewhere",
+            f"turn {turn.turn_id} belongs to queue {turn.queue!r}, which this worker does not "
+            f"serve ({', '.join(queues)})",
+        )
     expires = turn.lease_expires_at
     if turn.lease_owner is not None and expires is not None and _aware(expires) > now:
         left = (_aware(expires) - now).total_seconds()

@@ -58,6 +58,11 @@ class Turn(_Row):
     finished_at: datetime | None
     not_before: datetime | None = None
     enqueued_at: datetime | None = None
+    queue: str = ""
+    message_id: str | None = None
+    received_message_id: str | None = None
+    received_at: datetime | None = None
+    received_by: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", TurnStatus(self.status))
@@ -78,6 +83,7 @@ class Turn(_Row):
             "attempts": self.attempts,
             "crashes": self.crashes,
             "lease_epoch": self.lease_epoch,
+            "queue": self.queue,
             "created_at": self.created_at.isoformat(),
             "finished_at": self.finished_at.isoformat() if self.finished_at else None,
         }
@@ -146,7 +152,7 @@ class Claim:
     owner: str
 
 
-RefusalReason = Literal["finished", "leased", "deferred", "waiting"]
+RefusalReason = Literal["finished", "leased", "deferred", "waiting", "elsewhere"]
 
 
 @dataclass(frozen=True, slots=True)

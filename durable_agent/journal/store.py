@@ -31,13 +31,20 @@ class JournalStore:
 
     # -- turns -----------------------------------------------------------------------------
 
-    def create_turn(self, session_id: str, message: str, turn_id: str | None = None) -> Turn:
-        """Record a new turn at the end of its session (queued, not yet enqueued)."""
+    def create_turn(
+        self, session_id: str, message: str, turn_id: str | None = None, *, queue: str = ""
+    ) -> Turn:
+        """Record a new turn at the end of its session (queued, not yet enqueued); its
+        messages go to ``queue``."""
         turn_id = turn_id or new_turn_id()
         for _ in range(20):
             try:
                 row = self.db.one(
-                    "create_turn", turn_id=turn_id, session_id=session_id, message=message
+                    "create_turn",
+                    turn_id=turn_id,
+                    session_id=session_id,
+                    message=message,
+                    queue=queue,
                 )
                 assert row is not None
                 return Turn.from_row(row)
@@ -75,13 +82,22 @@ class JournalStore:
         rows = self.db.run("session_history", session_id=session_id, seq=before_seq)
         return [(row["message"], row["reply"] or "") for row in rows]
 
-    def mark_enqueued(self, turn_ids: list[str]) -> None:
-        self.db.run("mark_enqueued", turn_ids=turn_ids)
+    def mark_sent(self, turn_ids: list[str], message_ids: list[str]) -> None:
+        """Before publishing: these messages are the turns' latest, sent now."""
+        self.db.run("mark_sent", turn_ids=turn_ids, message_ids=message_ids)
 
-    def next_turn_in_session(self, session_id: str, after_seq: int) -> tuple[str, str] | None:
-        """The (session_id, turn_id) of the next unfinished turn after this position."""
+    def unmark_sent(self, turn_id: str, message_id: str) -> None:
+        """The publish of this message failed."""
+        self.db.run("unmark_sent", turn_id=turn_id, message_id=message_id)
+
+    def record_receipt(self, turn_id: str, message_id: str, receiver: str) -> None:
+        """A worker received this message of the turn (committed without a WAL wait)."""
+        self.db.run("record_receipt", turn_id=turn_id, message_id=message_id, receiver=receiver)
+
+    def next_turn_in_session(self, session_id: str, after_seq: int) -> tuple[str, str, str] | None:
+        """The (session_id, turn_id, queue) of the next unfinished turn after this position."""
         row = self.db.one("next_turn_in_session", session_id=session_id, seq=after_seq)
-        return (row["session_id"], row["turn_id"]) if row else None
+        return (row["session_id"], row["turn_id"], row["queue"]) if row else None
 
     # -- journal ---------------------------------------------------------------------------
 

@@ -125,8 +125,9 @@ def test_heartbeat_keeps_a_long_call_with_its_worker(stack: Stack, spawn: Spawn)
 def test_a_message_lost_from_redis_is_sent_again(
     stack: Stack, spawn: Spawn, redis_client: redis.Redis
 ) -> None:
-    """The queue key is deleted after start_turn, before any worker saw the message: the
-    sweeper finds the turn still queued after requeue_after (2 s) and enqueues it again."""
+    """The queue key is deleted after start_turn, before any worker saw the message: nothing
+    is sent to or received from the queue for requeue_after (2 s), so the sweeper sends the
+    oldest unreceived turn again as a probe."""
     settings = stack.settings.model_copy(update={"requeue_after_seconds": 2.0})
     turn_id = start_turn("s-lost", stack.message, settings=settings)
     assert redis_client.llen(settings.queue) == 1
@@ -137,7 +138,7 @@ def test_a_message_lost_from_redis_is_sent_again(
 
     report = stack.report(turn_id)
     assert turn.status == "done" and turn.reply == stack.clean_reply, report
-    assert f"sweeper enqueued {turn_id} (message may be lost)" in worker.log_text(), report
+    assert f"sweeper enqueued {turn_id} (queue idle)" in worker.log_text(), report
     assert turn.attempts == 1, report
     assert stack.shape(turn_id) == stack.clean_steps, report
     assert stack.subjects() == [stack.subject], report
@@ -173,3 +174,45 @@ def test_a_killed_prefork_child_is_replaced_at_once(stack: Stack, spawn: Spawn) 
     assert worker.alive(), report
     assert stack.model.repeated_requests() == 1, report  # only the call the kill interrupted
     assert len(stack.inbox.messages) == 3, report
+
+
+def test_a_worker_killed_between_receiving_and_claiming_is_not_waited_for(
+    stack: Stack, spawn: Spawn
+) -> None:
+    """The worker notes the receipt of the message, then dies before it claims the turn
+    (CRASH_AT=delivery:before_claim). Nothing in Postgres holds the turn, and Redis keeps the
+    message unacknowledged for an hour; the sweeper of another worker on this machine sees
+    that the receiver is gone and sends the turn again at once, not after requeue_after."""
+    assert stack.settings.requeue_after_seconds >= 30
+    first = spawn(CRASH_AT="delivery:before_claim")
+    turn_id = start_turn("s-receiver", stack.message, settings=stack.settings)
+    assert stack.wait_exit(first) == 1, stack.report(turn_id)
+    died_at = time.monotonic()
+    assert stack.store.get_turn(turn_id).received_by is not None, stack.report(turn_id)
+
+    second = spawn()
+    turn = stack.wait_turn(turn_id, 20)
+
+    report = stack.report(turn_id)
+    assert turn.status == "done" and turn.reply == stack.clean_reply, report
+    assert time.monotonic() - died_at < 15, report
+    assert f"sweeper enqueued {turn_id} (receiver died)" in second.log_text(), report
+    assert (turn.attempts, turn.crashes) == (1, 0), report
+
+
+def test_a_backlog_on_one_worker_is_not_multiplied(stack: Stack, spawn: Spawn) -> None:
+    """Forty turns queued at once on one worker, with requeue_after far shorter than the
+    backlog lasts: every turn runs once and the sweeper sends none again (500 queued turns
+    drew 538 re-sends when it re-sent every turn queued longer than requeue_after)."""
+    settings = stack.settings.model_copy(update={"requeue_after_seconds": 1.0})
+    stack.model.delay_seconds = 0.02  # the backlog lasts several times requeue_after
+    turn_ids = [start_turn(f"s-backlog-{n}", stack.message, settings=settings) for n in range(40)]
+    worker = spawn(settings=settings)
+    for turn_id in turn_ids:
+        assert stack.wait_turn(turn_id, 90).status == "done", stack.report(turn_id)
+
+    log = worker.log_text()
+    assert "sweeper enqueued" not in log, log
+    assert log.count("Task durable_agent.run_turn[") >= 40
+    assert "not run" not in log, log  # no duplicate delivery reached the claim
+    assert len(stack.inbox.messages) == 40

@@ -81,7 +81,7 @@ def test_duplicate_delivery_runs_nothing_twice(stack: Stack, spawn: Spawn) -> No
     turn_id = start_turn("s-duplicate", stack.message, settings=stack.settings)
     stack.model.wait_for_waiting(1, timeout=20)
 
-    send(runtime_for(stack.settings), "s-duplicate", turn_id)  # the same message, delivered again
+    send(runtime_for(stack.settings), "s-duplicate", turn_id, message_id="dup")  # delivered again
     wait_until(
         lambda: any(f"turn {turn_id} is held by" in w.log_text() for w in stack.workers),
         20,
@@ -97,3 +97,29 @@ def test_duplicate_delivery_runs_nothing_twice(stack: Stack, spawn: Spawn) -> No
     assert stack.subjects() == [stack.subject], report
     assert stack.model.request_count == 3, report
     assert stack.model.repeated_requests() == 0, report
+
+
+def test_a_turn_delivered_to_another_queue_is_handed_back(stack: Stack, spawn: Spawn) -> None:
+    """A turn of the email queue arrives on a queue whose worker has other tools (a misrouted
+    run_turn.delay, or a re-send to the wrong queue): that worker does not run it with its
+    tools, it sends the turn back to its own queue, where the email worker runs it."""
+    billing = stack.settings.model_copy(
+        update={
+            "queue": f"{stack.settings.queue}-billing",
+            "tools": "durable_agent_examples.payments_tools",
+        }
+    )
+    other = spawn(settings=billing, DURABLE_AGENT_TOOLS="durable_agent_examples.payments_tools")
+    turn = stack.store.create_turn("s-routed", stack.message, queue=stack.settings.queue)
+    send(runtime_for(billing), "s-routed", turn.turn_id, queue=billing.queue, message_id="m-1")
+    wait_until(
+        lambda: "belongs to queue" in other.log_text(), 20, "the billing worker to refuse it"
+    )
+    spawn()  # the email queue's worker
+    done = stack.wait_turn(turn.turn_id, 30)
+
+    report = stack.report(turn.turn_id)
+    assert done.status == "done" and done.reply == stack.clean_reply, report
+    assert "there is no tool named" not in str(stack.journal(turn.turn_id)), report
+    assert done.attempts == 1, report  # the billing worker never claimed it
+    assert stack.subjects() == [stack.subject], report

@@ -64,7 +64,7 @@ def test_sweeper_resends_a_turn_whose_local_holder_died(
 ) -> None:
     """Without waiting for the 60 s lease: the next sweep pass ends the claim and sends it."""
     turn = store.create_turn("s", "hello")
-    store.mark_enqueued([turn.turn_id])
+    store.mark_sent([turn.turn_id], ["message-1"])
     assert isinstance(leases.claim(turn.turn_id, local_owner(dead_pid()), 60), Claim)
 
     sent = runtime.sweeper().sweep_once()

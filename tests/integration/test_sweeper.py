@@ -192,3 +192,108 @@ def test_a_deferred_turn_is_sent_once_when_it_is_due(
     assert queued_turns(redis_client, settings.queue) == [("s-deferred", turn.turn_id)]
     assert sweeper.sweep_once() == []
     assert queued_turns(redis_client, settings.queue) == [("s-deferred", turn.turn_id)]
+
+
+def _send(runtime: Runtime, clock: DatabaseClock, session: str, queue: str = "") -> str:
+    """Record a turn and mark a message sent for it now; then move the clock on a second,
+    so that sends are ordered."""
+    turn = runtime.journal.create_turn(session, "hi", queue=queue or runtime.settings.queue)
+    runtime.journal.mark_sent([turn.turn_id], [f"message-of-{turn.turn_id}"])
+    clock.advance(1.0)
+    return turn.turn_id
+
+
+def _receive(runtime: Runtime, turn_id: str, receiver: str = "host:1:1") -> None:
+    runtime.journal.record_receipt(turn_id, f"message-of-{turn_id}", receiver)
+
+
+def test_a_backlog_is_not_sent_again(
+    runtime: Runtime, clock: DatabaseClock, redis_client: redis.Redis
+) -> None:
+    """Fifty turns wait in the queue while a slow worker takes them in order: none is sent
+    again, however long they wait (500 queued turns drew 538 re-sends before)."""
+    turn_ids = [_send(runtime, clock, f"s{n}") for n in range(50)]
+    sweeper = runtime.sweeper()
+    for n, turn_id in enumerate(turn_ids[:20]):  # the worker has done the first twenty
+        _receive(runtime, turn_id)
+        claim = runtime.leases.claim(turn_id, "worker", 30.0)
+        assert isinstance(claim, Claim)
+        assert runtime.leases.finish(turn_id, claim.epoch, "done")
+        clock.advance(0.5)
+        if n % 5 == 0:
+            assert sweeper.sweep_once() == []
+    clock.advance(runtime.settings.lease_seconds + 1)
+    assert sweeper.sweep_once() == []
+    assert redis_client.llen(runtime.settings.queue) == 0
+
+
+def test_a_message_behind_a_received_one_is_lost(
+    runtime: Runtime, clock: DatabaseClock, redis_client: redis.Redis
+) -> None:
+    """Queues are FIFO: when a message sent later was received and this one was not (Redis
+    lost it), this turn is sent again once a lease has passed."""
+    lost = _send(runtime, clock, "s-lost")
+    clock.advance(runtime.settings.lease_seconds)
+    later = _send(runtime, clock, "s-later")
+    _receive(runtime, later)
+    sweeper = runtime.sweeper()
+
+    assert sweeper.sweep_once() == [("s-lost", lost, "message lost")]
+    assert queued_turns(redis_client, runtime.settings.queue) == [("s-lost", lost)]
+    assert sweeper.sweep_once() == []  # its new message is unreceived, but the newest
+
+
+def test_an_idle_queue_gets_one_probe_per_requeue_after(
+    runtime: Runtime, clock: DatabaseClock, redis_client: redis.Redis
+) -> None:
+    """Nothing sent to or received from a queue for requeue_after while turns wait unreceived
+    (Redis restarted empty, or no worker serves it): the oldest one is sent again as a
+    probe, one per requeue_after, not all of them every time."""
+    first, second, _ = (_send(runtime, clock, f"s{n}") for n in range(3))
+    sweeper = runtime.sweeper()
+    assert sweeper.sweep_once() == []
+    clock.advance(runtime.settings.requeue_after_seconds)
+    assert sweeper.sweep_once() == [("s0", first, "queue idle")]
+    assert sweeper.sweep_once() == []
+    clock.advance(runtime.settings.requeue_after_seconds / 2)
+    assert sweeper.sweep_once() == []
+    clock.advance(runtime.settings.requeue_after_seconds / 2 + 1)
+    assert sweeper.sweep_once() == [("s1", second, "queue idle")]
+    assert redis_client.llen(runtime.settings.queue) == 2
+
+
+def test_a_turn_whose_receiver_died_before_claiming_it_is_sent_again(
+    runtime: Runtime, clock: DatabaseClock, redis_client: redis.Redis
+) -> None:
+    """A worker received the message and died before it claimed the turn: at once when the
+    receiver was a process of this machine that is gone, else once a lease has passed."""
+    from durable_agent.journal.holders import host_token
+
+    dead_local = f"vm:{2**22 + 12345}:1#{host_token()}"
+    alive_elsewhere = "other-host:42:1#0123456789ab"
+    first = _send(runtime, clock, "s-dead")
+    second = _send(runtime, clock, "s-far")
+    _receive(runtime, first, dead_local)
+    _receive(runtime, second, alive_elsewhere)
+    sweeper = runtime.sweeper()
+
+    assert sweeper.sweep_once() == [("s-dead", first, "receiver died")]
+    clock.advance(runtime.settings.lease_seconds + 0.5)
+    assert sweeper.sweep_once() == [("s-far", second, "receiver died")]
+    assert sweeper.sweep_once() == []
+
+
+def test_a_turn_is_sent_again_to_its_own_queue(
+    runtime: Runtime, clock: DatabaseClock, redis_client: redis.Redis
+) -> None:
+    """The sweeper of a worker on another queue re-sends a turn to the queue it belongs to,
+    never to its own (a worker with other tools would take it)."""
+    other_queue = f"{runtime.settings.queue}-billing"
+    turn = runtime.journal.create_turn("s-billing", "hi", queue=other_queue)
+    clock.advance(10)
+    try:
+        assert runtime.sweeper().sweep_once() == [("s-billing", turn.turn_id, "never enqueued")]
+        assert redis_client.llen(runtime.settings.queue) == 0
+        assert queued_turns(redis_client, other_queue) == [("s-billing", turn.turn_id)]
+    finally:
+        redis_client.delete(other_queue)

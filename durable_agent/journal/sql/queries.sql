@@ -8,32 +8,36 @@
 
 -- name: create_turn
 -- Record a new turn at the end of its session.
-INSERT INTO turns (turn_id, session_id, seq, message, created_at, updated_at)
-SELECT :turn_id, :session_id, coalesce(max(seq) + 1, 0), :message,
+INSERT INTO turns (turn_id, session_id, seq, message, queue, created_at, updated_at)
+SELECT :turn_id, :session_id, coalesce(max(seq) + 1, 0), :message, :queue,
        durable_agent_now(), durable_agent_now()
 FROM turns WHERE session_id = :session_id
 RETURNING turn_id, session_id, seq, status, message, reply, error, attempts, crashes,
           lease_owner, lease_epoch, lease_expires_at, not_before, enqueued_at,
-          created_at, updated_at, finished_at;
+          created_at, updated_at, finished_at, queue, message_id, received_message_id,
+          received_at, received_by;
 
 -- name: find_turn
 SELECT turn_id, session_id, seq, status, message, reply, error, attempts, crashes,
        lease_owner, lease_epoch, lease_expires_at, not_before, enqueued_at,
-       created_at, updated_at, finished_at
+       created_at, updated_at, finished_at, queue, message_id, received_message_id,
+       received_at, received_by
 FROM turns WHERE turn_id = :turn_id;
 
 -- name: list_turns
 -- The newest turns first.
 SELECT turn_id, session_id, seq, status, message, reply, error, attempts, crashes,
        lease_owner, lease_epoch, lease_expires_at, not_before, enqueued_at,
-       created_at, updated_at, finished_at
+       created_at, updated_at, finished_at, queue, message_id, received_message_id,
+       received_at, received_by
 FROM turns ORDER BY created_at DESC, turn_id LIMIT :limit;
 
 -- name: list_session_turns
 -- One session's turns in order.
 SELECT turn_id, session_id, seq, status, message, reply, error, attempts, crashes,
        lease_owner, lease_epoch, lease_expires_at, not_before, enqueued_at,
-       created_at, updated_at, finished_at
+       created_at, updated_at, finished_at, queue, message_id, received_message_id,
+       received_at, received_by
 FROM turns WHERE session_id = :session_id ORDER BY seq LIMIT :limit;
 
 -- name: session_history
@@ -44,12 +48,30 @@ ORDER BY seq;
 
 -- name: next_turn_in_session
 -- The next unfinished turn after this position.
-SELECT session_id, turn_id FROM turns
+SELECT session_id, turn_id, queue FROM turns
 WHERE session_id = :session_id AND seq > :seq AND status IN ('queued', 'running')
 ORDER BY seq LIMIT 1;
 
--- name: mark_enqueued
-UPDATE turns SET enqueued_at = durable_agent_now() WHERE turn_id = ANY(:turn_ids);
+-- name: mark_sent
+-- Before a message is published: which message is the turn's latest, and when it was sent.
+UPDATE turns AS t SET enqueued_at = durable_agent_now(), message_id = sent.message_id
+FROM unnest(CAST(:turn_ids AS text[]), CAST(:message_ids AS text[])) AS sent (turn_id, message_id)
+WHERE t.turn_id = sent.turn_id;
+
+-- name: unmark_sent
+-- The publish failed: the turn has no message (unless another was sent since).
+UPDATE turns SET enqueued_at = NULL, message_id = NULL
+WHERE turn_id = :turn_id AND message_id = :message_id;
+
+-- name: record_receipt
+-- A worker received a message of the turn. A hint for the sweeper, not a record anyone
+-- depends on: it is committed without waiting for the WAL flush.
+WITH quick AS (SELECT set_config('synchronous_commit', 'off', true))
+UPDATE turns
+SET received_message_id = :message_id, received_at = durable_agent_now(),
+    received_by = :receiver
+FROM quick
+WHERE turn_id = :turn_id AND status IN ('queued', 'running');
 
 -- ---------------------------------------------------------------------------------------
 -- the journal: every write is fenced by the writer's epoch. The share lock on the turn row
@@ -109,9 +131,10 @@ ON CONFLICT (sha256) DO NOTHING;
 -- ---------------------------------------------------------------------------------------
 
 -- name: claim_turn
--- Take the turn when its lease is free, expired or already ours, it is not deferred, and
--- every earlier turn of its session has finished. Moves the epoch on and counts the attempt
--- (and a crash, when it takes over another holder's claim).
+-- Take the turn when its lease is free, expired or already ours, it is not deferred, it
+-- belongs to one of the claimer's queues (NULL: any), and every earlier turn of its session
+-- has finished. Moves the epoch on and counts the attempt (and a crash, when it takes over
+-- another holder's claim).
 UPDATE turns AS t SET
     status = 'running',
     lease_owner = :owner,
@@ -127,16 +150,19 @@ WHERE t.turn_id = :turn_id
   AND (t.lease_owner IS NULL OR t.lease_owner = :owner
        OR t.lease_expires_at <= durable_agent_now())
   AND (t.not_before IS NULL OR t.not_before <= durable_agent_now())
+  AND (CAST(:queues AS text[]) IS NULL OR t.queue = '' OR t.queue = ANY(:queues))
   AND durable_agent_open_before(t.session_id, t.seq) IS NULL
 RETURNING t.turn_id, t.session_id, t.seq, t.status, t.message, t.reply, t.error, t.attempts,
           t.crashes, t.lease_owner, t.lease_epoch, t.lease_expires_at, t.not_before,
-          t.enqueued_at, t.created_at, t.updated_at, t.finished_at;
+          t.enqueued_at, t.created_at, t.updated_at, t.finished_at, t.queue, t.message_id,
+          t.received_message_id, t.received_at, t.received_by;
 
 -- name: claim_refusal
 -- Why a claim failed: the turn as it is now, the clock, and the earlier turn it waits for.
 SELECT turn_id, session_id, seq, status, message, reply, error, attempts, crashes,
        lease_owner, lease_epoch, lease_expires_at, not_before, enqueued_at,
-       created_at, updated_at, finished_at,
+       created_at, updated_at, finished_at, queue, message_id, received_message_id,
+       received_at, received_by,
        durable_agent_now() AS now,
        durable_agent_open_before(session_id, seq) AS waits_for
 FROM turns WHERE turn_id = :turn_id;
@@ -190,30 +216,83 @@ WHERE status = 'running' AND lease_expires_at > durable_agent_now()
 SELECT pg_try_advisory_xact_lock(:key);
 
 -- name: due_turns
--- Open turns with no live message: never enqueued (after a grace period), claim expired
--- (once per expiry), deferral over (once), or last enqueued long ago and still not running.
-SELECT t.session_id, t.turn_id,
-       CASE WHEN t.enqueued_at IS NULL THEN 'never enqueued'
-            WHEN t.lease_owner IS NOT NULL
-                 AND t.lease_expires_at <= durable_agent_now() THEN 'claim expired'
-            WHEN t.not_before IS NOT NULL AND t.enqueued_at < t.not_before THEN 'deferral due'
-            ELSE 'message may be lost' END AS why
-FROM turns AS t
-WHERE t.status IN ('queued', 'running')
-  AND (t.lease_owner IS NULL OR t.lease_expires_at <= durable_agent_now())
-  AND (t.not_before IS NULL OR t.not_before <= durable_agent_now())
-  AND (
-        (t.enqueued_at IS NULL
-         AND t.created_at <= durable_agent_now() - make_interval(secs => :grace))
-     OR (:claims_expire AND t.lease_owner IS NOT NULL
-         AND t.lease_expires_at <= durable_agent_now()
-         AND (t.enqueued_at IS NULL OR t.enqueued_at <= t.lease_expires_at))
-     OR (t.not_before IS NOT NULL AND t.enqueued_at < t.not_before)
-     OR (t.enqueued_at <= durable_agent_now() - make_interval(secs => :requeue_after))
-  )
-  AND durable_agent_open_before(t.session_id, t.seq) IS NULL
-ORDER BY t.created_at
+-- Open turns that have no live message, each once, with the reason:
+--   never enqueued       recorded, never sent (after a grace period)
+--   claim expired        its holder's lease ran out (once per expiry)
+--   deferral due         given back after a model outage, and now due (once)
+--   receiver died        a worker received its message and never claimed it: the worker is
+--                        gone (:dead_receivers) or has not claimed it within a lease
+--   message lost         a message sent later on the same queue has been received, but not
+--                        this one (queues are FIFO)
+--   queue idle           nothing was sent to or received from its queue for requeue_after:
+--                        the oldest unreceived turn is sent again, as a probe (one per queue
+--                        per requeue_after)
+-- A turn waiting for an earlier turn of its session is not due: that turn's end sends it.
+WITH open AS (
+    SELECT t.*,
+           t.seq = min(t.seq) OVER (PARTITION BY t.session_id) AS first_of_session,
+           t.lease_owner IS NULL
+             AND t.message_id IS NOT NULL
+             AND t.received_message_id IS DISTINCT FROM t.message_id AS unreceived
+    FROM turns AS t
+    WHERE t.status IN ('queued', 'running')
+),
+queues AS (
+    SELECT q.queue,
+           (SELECT max(w.enqueued_at) FROM turns AS w
+            WHERE w.queue = q.queue AND w.received_message_id = w.message_id) AS received_upto,
+           (SELECT max(w.enqueued_at) FROM turns AS w WHERE w.queue = q.queue) AS last_sent,
+           (SELECT max(w.received_at) FROM turns AS w WHERE w.queue = q.queue) AS last_received
+    FROM (SELECT DISTINCT queue FROM open) AS q
+),
+candidates AS (
+    SELECT o.*, q.received_upto, q.last_sent, q.last_received,
+           row_number() OVER (PARTITION BY o.queue, o.unreceived
+                              ORDER BY o.enqueued_at, o.turn_id) AS oldest
+    FROM open AS o JOIN queues AS q ON q.queue = o.queue
+    WHERE o.first_of_session
+      AND (o.not_before IS NULL OR o.not_before <= durable_agent_now())
+      AND (o.lease_owner IS NULL OR o.lease_expires_at <= durable_agent_now())
+),
+due AS (
+    SELECT c.session_id, c.turn_id, c.queue, c.created_at,
+           CASE
+             WHEN c.enqueued_at IS NULL
+                  AND c.created_at <= durable_agent_now() - make_interval(secs => :grace)
+               THEN 'never enqueued'
+             WHEN :claims_expire AND c.lease_owner IS NOT NULL
+                  AND (c.enqueued_at IS NULL OR c.enqueued_at <= c.lease_expires_at)
+               THEN 'claim expired'
+             WHEN c.not_before IS NOT NULL AND c.enqueued_at < c.not_before
+               THEN 'deferral due'
+             WHEN c.lease_owner IS NULL AND c.status = 'queued'
+                  AND c.received_message_id = c.message_id
+                  AND (c.received_by = ANY(CAST(:dead_receivers AS text[]))
+                       OR c.received_at <= durable_agent_now() - make_interval(secs => :lease))
+                  AND c.received_at >= c.updated_at
+               THEN 'receiver died'
+             WHEN c.unreceived
+                  AND c.enqueued_at < c.received_upto - make_interval(secs => :lease)
+               THEN 'message lost'
+             WHEN c.unreceived AND c.oldest = 1
+                  AND c.last_sent <= durable_agent_now() - make_interval(secs => :requeue_after)
+                  AND (c.last_received IS NULL OR c.last_received
+                       <= durable_agent_now() - make_interval(secs => :requeue_after))
+               THEN 'queue idle'
+           END AS why
+    FROM candidates AS c
+)
+SELECT session_id, turn_id, queue, why FROM due
+WHERE why IS NOT NULL
+ORDER BY created_at
 LIMIT :batch;
+
+-- name: unclaimed_receivers
+-- The workers of this machine (owner ending with its token) that received a message of an
+-- open turn and have not claimed it yet: the sweeper asks whether they still run.
+SELECT DISTINCT received_by FROM turns
+WHERE status = 'queued' AND lease_owner IS NULL AND received_by LIKE :pattern
+  AND received_message_id = message_id;
 
 -- ---------------------------------------------------------------------------------------
 -- schema versions and health

@@ -23,10 +23,25 @@ CREATE TABLE turns (
     created_at       timestamptz NOT NULL DEFAULT now(),
     updated_at       timestamptz NOT NULL DEFAULT now(),
     finished_at      timestamptz,
+    queue               text NOT NULL DEFAULT '',
+    message_id          text,
+    received_message_id text,
+    received_at         timestamptz,
+    received_by         text,
     UNIQUE (session_id, seq)
 );
 
+COMMENT ON COLUMN turns.queue IS 'the Celery queue its messages go to ('''' for turns recorded before version 3: the sweeping worker''s own)';
+COMMENT ON COLUMN turns.message_id IS 'the task id of the last message sent for the turn';
+COMMENT ON COLUMN turns.received_message_id IS 'the task id of the last message a worker received for it';
+COMMENT ON COLUMN turns.received_by IS 'the worker process that received it (host:pid:thread#token)';
+
 CREATE INDEX turns_open_idx ON turns (lease_expires_at) WHERE status IN ('queued', 'running');
+-- the newest send on a queue that some worker has received, and the newest reception
+CREATE INDEX turns_received_sends_idx ON turns (queue, enqueued_at)
+    WHERE received_message_id = message_id;
+CREATE INDEX turns_receptions_idx ON turns (queue, received_at);
+CREATE INDEX turns_sends_idx ON turns (queue, enqueued_at);
 
 -- blobs: large payloads stored once by content; journal rows keep the hash.
 CREATE TABLE blobs (
