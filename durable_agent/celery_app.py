@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery, Task, signals
 
 from .broker import transport_for
-from .errors import DurableAgentError, InvalidArgument, ServiceUnavailable, TurnNotFound
+from .errors import (
+    ConfigurationError,
+    DurableAgentError,
+    InvalidArgument,
+    ServiceUnavailable,
+    TurnNotFound,
+)
 from .inputs import check_id
 from .journal.holders import worker_identity
 from .settings import Settings
@@ -157,7 +163,7 @@ def handle_delivery(runtime: Runtime, turn_id: str) -> str:
             break
         # Postgres is unreachable: keep the message, wait for Postgres, then handle the turn
         # again here; the claim is this worker's own, so nothing counts as a crash.
-        runtime.outage.wait(delivery.detail)
+        runtime.outage.wait()
     if delivery.follow_up is not None:
         try:
             runtime.enqueue(*delivery.follow_up)
@@ -184,7 +190,8 @@ def _check_before_start(sender: Any = None, **_: Any) -> None:
         runtime.check_worker_start()
     except DurableAgentError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from error
+        # 2: fix the configuration; 1: a service is down, a supervisor's restart may do
+        raise SystemExit(2 if isinstance(error, ConfigurationError) else 1) from error
 
 
 _sweepers: dict[int, SweeperThread] = {}

@@ -62,14 +62,15 @@ class Outage:
                 )
                 self._since = None
 
-    def wait(self, error: BaseException | str, *, stop: threading.Event | None = None) -> None:
-        """Block until Postgres answers again (or ``stop`` is set), polling with backoff."""
-        self.report(error)
+    def wait(self, stop: threading.Event | None = None) -> None:
+        """Block until Postgres answers (at once if it does now), polling with backoff; an
+        outage that starts here is logged, one that ends here too."""
         interval = 0.05
         while stop is None or not stop.is_set():
             try:
                 self.ping()
-            except ServiceUnavailable:
+            except ServiceUnavailable as error:
+                self.report(error)
                 time.sleep(interval)
                 interval = min(self.max_interval, interval * 2)
                 continue

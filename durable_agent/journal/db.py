@@ -161,11 +161,14 @@ class Database:
                 try:
                     return _run(conn, q, params)
                 except psycopg.OperationalError as error:
-                    if conn.broken:
+                    translated = translate(error, self.url)
+                    if conn.broken or isinstance(translated, ServiceUnavailable):
+                        # a connection the server dropped (a restart, a crash, an admin):
+                        # a new one may work, so the statement is sent once more
                         self._conn = None
                         if attempt == 1:
                             continue
-                    raise translate(error, self.url) from error
+                    raise translated from error
             raise AssertionError("unreachable")
 
     def one(self, name: str, /, **params: Any) -> Row | None:
@@ -182,16 +185,31 @@ class Database:
     def transaction(self) -> Iterator[_Connected]:
         """One transaction on the process's second connection (a sweeper pass, a migration)."""
         with self._tx_lock:
-            if self._tx_conn is None or self._tx_conn.closed:
-                self._tx_conn = self._connect()
-            conn = self._tx_conn
+            conn = self._live_tx_connection()
             try:
                 with conn.transaction():
                     yield _Connected(conn)
             except psycopg.OperationalError as error:
-                if conn.broken:
+                translated = translate(error, self.url)
+                if conn.broken or isinstance(translated, ServiceUnavailable):
                     self._tx_conn = None
-                raise translate(error, self.url) from error
+                raise translated from error
+
+    def _live_tx_connection(self) -> psycopg.Connection[Row]:
+        """The transaction connection, replaced first if the server dropped it since its last
+        use (the first statement of a pass would fail on it after a Postgres restart)."""
+        for attempt in (1, 2):
+            if self._tx_conn is None or self._tx_conn.closed:
+                self._tx_conn = self._connect()
+            try:
+                _run(self._tx_conn, query("ping"), {})
+                return self._tx_conn
+            except psycopg.OperationalError as error:
+                translated = translate(error, self.url)
+                self._tx_conn = None
+                if attempt == 2 or not isinstance(translated, ServiceUnavailable):
+                    raise translated from error
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         with self._lock, self._tx_lock:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from conftest import Spawn, Stack
 
     from durable_agent.embedded import EmbeddedServices
+    from durable_agent.testing.harness import WorkerProcess
 
 
 def test_a_redis_restart_does_not_stop_a_prefork_worker(
@@ -101,10 +102,16 @@ def test_a_postgres_outage_is_waited_out_and_counts_no_crash(
         assert turn.status == "done" and turn.reply == stack.clean_reply, stack.logs()
         assert turn.crashes == 0, (turn, stack.logs())
     assert len(stack.inbox.messages) == 3
+
+    def outage_ended(worker: WorkerProcess) -> bool:
+        log = worker.log_text()
+        return log.count("Postgres is reachable again") == log.count("Postgres is unreachable")
+
     for worker in (solo, prefork):
+        # each process that saw the outage logs its end (the main process at its next sweep)
+        wait_until(lambda: outage_ended(worker), 10, "the end of the outage in the log")  # noqa: B023
         log = worker.log_text()
         assert worker.alive(), log
         assert "Traceback" not in log, log
         processes = 1 if worker is solo else 3  # main (sweeper) + two children
         assert 1 <= log.count("Postgres is unreachable") <= processes, log
-        assert log.count("Postgres is reachable again") >= 1, log
