@@ -10,6 +10,7 @@ from .context import CallContext, current_call, still_claimed
 from .errors import (
     ConfigurationError,
     DurableAgentError,
+    InvalidArgument,
     LeaseLost,
     ModelUnavailable,
     ReplayDiverged,
@@ -28,6 +29,7 @@ __all__ = [
     "CallContext",
     "ConfigurationError",
     "DurableAgentError",
+    "InvalidArgument",
     "LeaseLost",
     "ModelUnavailable",
     "ReplayDiverged",

@@ -21,12 +21,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import pydantic
-
-from .errors import ConfigurationError, DurableAgentError, TurnNotFound
+from .errors import ConfigurationError, DurableAgentError, InvalidArgument, TurnNotFound
+from .inputs import check_id, check_message
 from .redact import printable
 from .runtime import Runtime
-from .settings import Settings
+from .settings import load_settings
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NOT_FOUND = 1, 2, 3, 4
 
@@ -76,12 +75,17 @@ def cmd_sweep(runtime: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_submit(runtime: Runtime, args: argparse.Namespace) -> int:
+    check_id("session_id", args.session)
+    check_message(args.message, runtime.settings.max_message_bytes)
+    if args.turn_id is not None:
+        check_id("turn_id", args.turn_id)
     runtime.require_schema()
     print(runtime.start_turn(args.session, args.message, turn_id=args.turn_id))
     return 0
 
 
 def cmd_wait(runtime: Runtime, args: argparse.Namespace) -> int:
+    check_id("turn_id", args.turn_id)
     runtime.require_schema()
     try:
         turn = runtime.wait_for_turn(args.turn_id, args.timeout)
@@ -96,8 +100,9 @@ def cmd_wait(runtime: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_journal(runtime: Runtime, args: argparse.Namespace) -> int:
+    check_id("turn_id", args.turn_id)
     runtime.require_schema()
-    runtime.journal.get_turn(args.turn_id)  # an unknown id is an error, not an empty journal
+    runtime.get_turn(args.turn_id)  # an unknown id is an error, not an empty journal
     steps = runtime.journal.load_journal(args.turn_id)
     if args.json:
         print(json.dumps([s.as_json() for s in steps], indent=2, ensure_ascii=False))
@@ -110,8 +115,10 @@ def cmd_journal(runtime: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_turns(runtime: Runtime, args: argparse.Namespace) -> int:
+    if args.session is not None:
+        check_id("session_id", args.session)
     runtime.require_schema()
-    turns = runtime.journal.list_turns(args.session, limit=args.limit)
+    turns = runtime.list_turns(args.session, limit=args.limit)
     if args.json:
         print(json.dumps([t.as_json() for t in turns], indent=2, ensure_ascii=False))
     else:
@@ -125,6 +132,7 @@ def cmd_turns(runtime: Runtime, args: argparse.Namespace) -> int:
 def cmd_replay(runtime: Runtime, args: argparse.Namespace) -> int:
     from .replay import replay_turn
 
+    check_id("turn_id", args.turn_id)
     runtime.require_schema()
     report = replay_turn(runtime, args.turn_id)
     print(
@@ -149,6 +157,26 @@ _HANDED_ON = ("eval", "demo")  # their arguments are parsed by durable_agent.eva
 
 
 Command = Callable[[Runtime, argparse.Namespace], int]
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value <= 86_400:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be 0 to 86400 seconds, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= 10_000:
+        raise argparse.ArgumentTypeError(f"must be 1 to 10000, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -178,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     wait = add("wait", cmd_wait, "wait for a turn; print its reply (exit 0 only when done)")
     wait.add_argument("turn_id")
-    wait.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    wait.add_argument("--timeout", type=_seconds, default=60.0, help="seconds (default 60)")
 
     journal = add("journal", cmd_journal, "show a turn's journal")
     journal.add_argument("turn_id")
@@ -186,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     turns = add("turns", cmd_turns, "list turns, newest first (or one session in order)")
     turns.add_argument("--session", default=None)
-    turns.add_argument("--limit", type=int, default=50)
+    turns.add_argument("--limit", type=_count, default=50, help="at most this many (1-10000)")
     turns.add_argument("--json", action="store_true")
 
     replay = add("replay", cmd_replay, "replay a done turn with the model switched off")
@@ -215,19 +243,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    runtime: Runtime | None = None
     try:
-        runtime = Runtime(Settings())
+        runtime = Runtime(load_settings())
         code: int = args.func(runtime, args)
         return code
-    except pydantic.ValidationError as error:
-        first = error.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        error_line(f"error: bad setting DURABLE_AGENT_{field.upper()}: {first['msg']}")
-        return EXIT_USAGE
     except TurnNotFound as error:
         error_line(f"error: {error}")
         return EXIT_NOT_FOUND
-    except ConfigurationError as error:
+    except (ConfigurationError, InvalidArgument) as error:
         error_line(f"error: {error}")
         return EXIT_USAGE
     except DurableAgentError as error:
@@ -235,6 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+    finally:
+        if runtime is not None:
+            runtime.close()
 
 
 if __name__ == "__main__":

@@ -107,7 +107,7 @@ class ReplayReport:
 def replay_turn(runtime: Runtime, turn_id: str) -> ReplayReport:
     """Recompute a finished turn from its journal alone."""
     store, settings = runtime.journal, runtime.settings
-    turn = store.get_turn(turn_id)
+    turn = runtime.get_turn(turn_id)
     if turn.status != "done":
         raise DurableAgentError(
             f"turn {turn_id} is {turn.status}: only a done turn has a reply to replay"

@@ -21,9 +21,10 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import ConfigurationError, ServiceUnavailable
+from .errors import ConfigurationError, InvalidArgument, ServiceUnavailable
+from .inputs import check_id, check_message, check_timeout
 from .journal import Database, JournalStore, Leases, Turn, TurnStatus, require_current
-from .settings import Settings
+from .settings import Settings, load_settings
 from .tools import ToolRegistry, load_tools
 
 if TYPE_CHECKING:
@@ -37,13 +38,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+MAX_LIST = 10_000
 
 
 class Runtime:
     """Everything a durable-agent process needs, built from one Settings object."""
 
     def __init__(self, settings: Settings | None = None, *, tools: ToolRegistry | None = None):
-        self.settings = settings if settings is not None else Settings()
+        self.settings = settings if settings is not None else load_settings()
         self._given_tools = tools
         self._parts: dict[str, Any] = {}
         self._lock = threading.RLock()
@@ -181,6 +183,10 @@ class Runtime:
         enqueues turns that were recorded but never sent. Passing your own ``turn_id`` makes
         a retried call return the same turn instead of creating a second one.
         """
+        check_id("session_id", session_id)
+        check_message(message, self.settings.max_message_bytes)
+        if turn_id is not None:
+            check_id("turn_id", turn_id)
         turn = self.journal.create_turn(
             session_id, message, turn_id=turn_id, queue=self.settings.queue
         )
@@ -195,10 +201,22 @@ class Runtime:
 
     def get_turn(self, turn_id: str) -> Turn:
         """The turn as recorded now; raises TurnNotFound for an unknown id."""
-        return self.journal.get_turn(turn_id)
+        return self.journal.get_turn(check_id("turn_id", turn_id))
+
+    def list_turns(self, session_id: str | None = None, limit: int = 100) -> list[Turn]:
+        """One session's turns in order, or the newest turns first (at most ``limit``)."""
+        if session_id is not None:
+            check_id("session_id", session_id)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
+            raise InvalidArgument(f"limit must be a whole number from 1 to {MAX_LIST}")
+        return self.journal.list_turns(session_id, limit=limit)
 
     def wait_for_turn(self, turn_id: str, timeout: float = 60.0, poll_seconds: float = 0.1) -> Turn:
         """Wait until the turn is done or failed; raises TimeoutError after ``timeout`` s."""
+        check_id("turn_id", turn_id)
+        timeout = check_timeout(timeout)
+        if check_timeout(poll_seconds) <= 0:
+            raise InvalidArgument("poll_seconds must be more than 0")
         deadline = time.monotonic() + timeout
         while True:
             turn = self.journal.get_turn(turn_id)
@@ -241,7 +259,7 @@ def runtime_for(settings: Settings | None = None) -> Runtime:
     ``celery -A durable_agent.tasks`` share one Celery app.
     """
     if settings is None:
-        settings = Settings()
+        settings = load_settings()
     with _runtimes_lock:
         runtime = _runtimes.get(settings)
         if runtime is None:

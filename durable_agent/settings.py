@@ -1,9 +1,19 @@
-"""One typed settings object, read from ``DURABLE_AGENT_*`` environment variables."""
+"""One typed settings object, read from ``DURABLE_AGENT_*`` environment variables.
+
+Every value is checked when the settings are read: durations are finite and positive,
+counts positive, names non-empty, URLs well formed (scheme, port, query parameters), so a
+wrong setting stops a command or a worker at once with one line naming the variable.
+"""
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field
+import re
+import urllib.parse
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .errors import ConfigurationError
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful assistant that uses tools to act for the user. "
@@ -36,24 +46,62 @@ class Settings(BaseSettings):
         default=None,
         validation_alias=AliasChoices("DURABLE_AGENT_OPENAI_API_KEY", "OPENAI_API_KEY"),
     )
-    model_timeout_seconds: float = 120.0
-    model_max_retries: int = Field(default=4, ge=0)
+    model_timeout_seconds: float = Field(default=120.0, gt=0, le=3600, allow_inf_nan=False)
+    model_max_retries: int = Field(default=4, ge=0, le=50)
 
-    lease_seconds: float = Field(default=6.0, gt=0)
-    max_steps: int = Field(default=64, ge=1)
-    max_crashes: int = Field(default=5, ge=1, description="worker deaths before a turn fails")
-    retry_backoff_max_seconds: float = Field(default=300.0, gt=0)
+    lease_seconds: float = Field(default=6.0, ge=0.5, le=3600, allow_inf_nan=False)
+    max_steps: int = Field(default=64, ge=1, le=100_000)
+    max_crashes: int = Field(
+        default=5, ge=1, le=1000, description="worker deaths before a turn fails"
+    )
+    retry_backoff_max_seconds: float = Field(default=300.0, gt=0, le=86_400, allow_inf_nan=False)
+    max_message_bytes: int = Field(
+        default=256 * 1024, ge=1, le=64 * 1024 * 1024, description="largest user message"
+    )
 
-    sweep_interval_seconds: float = Field(default=1.0, gt=0)
-    requeue_after_seconds: float = Field(default=60.0, gt=0)
+    sweep_interval_seconds: float = Field(default=1.0, gt=0, le=3600, allow_inf_nan=False)
+    requeue_after_seconds: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False)
     run_sweeper: bool = True
     end_dead_local_claims: bool = Field(
         default=True,
         description="end at once a claim whose holder died on this machine (pid gone)",
     )
-    visibility_timeout_seconds: int = Field(default=3600, ge=1)
+    visibility_timeout_seconds: int = Field(default=3600, ge=1, le=30 * 86_400)
 
-    blob_threshold_bytes: int = Field(default=16 * 1024, ge=256)
+    blob_threshold_bytes: int = Field(default=16 * 1024, ge=256, le=64 * 1024 * 1024)
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url_is_postgres(cls, url: str) -> str:
+        from .journal.db import conninfo_for
+
+        try:
+            conninfo_for(url)
+        except ConfigurationError as error:
+            raise ValueError(str(error)) from None
+        return url
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_url_is_usable(cls, url: str) -> str:
+        check_broker_url(url)
+        return url
+
+    @field_validator("queue", "model")
+    @classmethod
+    def _a_name(cls, value: str) -> str:
+        if not _NAME.fullmatch(value):
+            raise ValueError("must be 1-200 characters with no spaces or control characters")
+        return value
+
+    @field_validator("tool_labels")
+    @classmethod
+    def _labels(cls, value: str) -> str:
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            name, sep, label = item.partition("=")
+            if not sep or not name.strip() or label.strip() not in ("safe", "never"):
+                raise ValueError(f"expected TOOL=safe or TOOL=never, got {item!r}")
+        return value
 
     @property
     def tool_modules(self) -> list[str]:
@@ -63,3 +111,62 @@ class Settings(BaseSettings):
     def label_overrides(self) -> dict[str, str]:
         pairs = (item.partition("=") for item in self.tool_labels.split(",") if item.strip())
         return {name.strip(): label.strip() for name, _, label in pairs}
+
+
+_NAME = re.compile(r"[^\s\x00-\x1f\x7f]{1,200}")
+BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps", "pyamqp")
+_BROKER_QUERY = {
+    "redis": {
+        "ssl_cert_reqs",
+        "ssl_ca_certs",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "ssl_check_hostname",
+        "socket_timeout",
+        "socket_connect_timeout",
+        "health_check_interval",
+    },
+    "amqp": {"ssl", "heartbeat", "connect_timeout", "login_method", "virtual_host"},
+}
+
+
+def settings_error(error: ValidationError) -> ConfigurationError:
+    """One line for the first problem pydantic found: the variable and what is wrong."""
+    first = error.errors()[0]
+    field = ".".join(str(p) for p in first["loc"])
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return ConfigurationError(f"bad setting DURABLE_AGENT_{field.upper()}: {message}")
+
+
+def load_settings() -> Settings:
+    """Settings from the environment, or ConfigurationError with one line."""
+    try:
+        return Settings()
+    except ValidationError as error:
+        raise settings_error(error) from None
+
+
+def check_broker_url(url: str) -> None:
+    """Raise ValueError unless ``url`` is a broker URL a worker can use."""
+    shown = re.sub(r"://([^:/@]*):[^@/]*@", r"://\1:***@", url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as error:
+        raise ValueError(f"bad broker URL {shown}: {error}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in BROKER_SCHEMES:
+        raise ValueError(
+            f"bad broker URL {shown}: the scheme must be one of {', '.join(BROKER_SCHEMES)}"
+        )
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(f"bad broker URL {shown}: port {port} is not a port")
+    family = "redis" if scheme.startswith("redis") else "amqp"
+    if family == "redis" and parts.path.strip("/") and not parts.path.strip("/").isdigit():
+        raise ValueError(f"bad broker URL {shown}: the path must be a database number")
+    unknown = sorted(set(urllib.parse.parse_qs(parts.query)) - _BROKER_QUERY[family])
+    if unknown:
+        raise ValueError(
+            f"bad broker URL {shown}: unknown query parameter(s) {', '.join(unknown)} "
+            f"(known: {', '.join(sorted(_BROKER_QUERY[family]))})"
+        )

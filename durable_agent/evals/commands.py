@@ -13,20 +13,34 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..console import err, out
+from ..errors import DurableAgentError
 from ..journal.db import describe_url
 from ..settings import Settings
 from .crash_matrix import MatrixReport, run_crash_matrix
 from .stack import EvalStack
 
 
-def _parse_labels(items: list[str]) -> dict[str, str]:
-    labels = {}
-    for item in items:
-        name, sep, label = item.partition("=")
-        if not sep or label not in ("safe", "never"):
-            raise argparse.ArgumentTypeError(f"--relabel wants TOOL=safe|never, got {item!r}")
-        labels[name] = label
-    return labels
+def _label(text: str) -> tuple[str, str]:
+    """An argparse type: TOOL=safe or TOOL=never."""
+    name, sep, label = text.partition("=")
+    if not sep or not name or label not in ("safe", "never"):
+        raise argparse.ArgumentTypeError(f"wants TOOL=safe or TOOL=never, got {text!r}")
+    return name, label
+
+
+def _point(text: str) -> tuple[int | str, str]:
+    """An argparse type: STEP:POINT or TOOL:POINT, as CRASH_AT takes them."""
+    from ..faults import parse
+
+    try:
+        parsed = parse(text)
+    except DurableAgentError:
+        parsed = None
+    if parsed is None:
+        raise argparse.ArgumentTypeError(
+            f"wants STEP:before_run|after_run or TOOL:before_run|after_run, got {text!r}"
+        )
+    return parsed
 
 
 def _write_json(path: str | None, data: Any) -> None:
@@ -46,22 +60,9 @@ def _progress() -> Progress:
     )
 
 
-def _parse_points(items: list[str]) -> list[tuple[int | str, str]] | None:
-    from ..faults import parse
-
-    if not items:
-        return None
-    points: list[tuple[int | str, str]] = []
-    for item in items:
-        parsed = parse(item)
-        if parsed is not None:
-            points.append(parsed)
-    return points
-
-
 def cmd_crash_matrix(settings: Settings, args: argparse.Namespace) -> int:
-    labels = _parse_labels(args.relabel)
-    only = _parse_points(args.point)
+    labels = dict(args.relabel)
+    only = list(args.point) or None
     extra: dict[str, Any] = {"tool_labels": ",".join(f"{k}={v}" for k, v in labels.items())}
     with tempfile.TemporaryDirectory(prefix="durable-agent-eval-") as work:
         stack = EvalStack(
@@ -309,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     matrix.add_argument(
         "--relabel",
         action="append",
+        type=_label,
         default=[],
         metavar="TOOL=LABEL",
         help="run with a wrong label, e.g. send_email=safe, to see the duplicate it allows",
@@ -316,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     matrix.add_argument(
         "--point",
         action="append",
+        type=_point,
         default=[],
         metavar="STEP:POINT",
         help="crash only there (repeatable), e.g. 3:after_run or send_email:after_run",

@@ -28,7 +28,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
-from ..errors import ConfigurationError, ServiceUnavailable
+from ..errors import ConfigurationError, InvalidArgument, ServiceUnavailable
 from .queries import Query, query
 
 Row = dict[str, Any]
@@ -98,7 +98,14 @@ class _Connected:
 def _run(conn: psycopg.Connection[Row], q: Query, params: dict[str, Any]) -> list[Row]:
     if params.keys() != q.parameters:
         raise TypeError(f"query {q.name} takes {sorted(q.parameters)}, got {sorted(params)}")
-    cursor = conn.execute(q.sql, params, prepare=True)
+    try:
+        cursor = conn.execute(q.sql, params, prepare=True)
+    except (psycopg.DataError, psycopg.errors.ProgramLimitExceeded, UnicodeEncodeError) as error:
+        # a value Postgres cannot take (too long for an index, not encodable...): the
+        # caller's to fix, and retrying cannot help
+        raise InvalidArgument(
+            f"Postgres refused a value in {q.name}: {_first_line(error)}"
+        ) from error
     return cursor.fetchall() if cursor.description else []
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from ..errors import LeaseLost, TurnNotFound
+from ..errors import InvalidArgument, LeaseLost, TurnNotFound
 from .codec import digest, dumps
 from .db import Database
 from .records import Kind, Replay, Step, Turn
@@ -52,8 +52,9 @@ class JournalStore:
                 existing = self.find_turn(turn_id)
                 if existing is not None:  # the same turn id submitted again: idempotent
                     if existing.session_id != session_id or existing.message != message:
-                        raise ValueError(
-                            f"turn id {turn_id!r} is already used by another turn"
+                        raise InvalidArgument(
+                            f"turn id {turn_id!r} is already used by a turn with another "
+                            "session or message"
                         ) from error
                     return existing
                 # another turn of this session took the same position: try the next one

@@ -172,3 +172,71 @@ def test_bad_database_url_prints_one_error_line(cli: Cli, url: str, expected: st
     line = assert_one_error_line(result)
     assert "bad database URL" in line and expected in line
     assert "s3cret-pw" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["turns", "--limit", "-1"],
+        ["turns", "--limit", "0"],
+        ["turns", "--limit", "99999999999"],
+        ["turns", "--limit", "ten"],
+        ["wait", "turn_x", "--timeout", "nan"],
+        ["wait", "turn_x", "--timeout", "-1"],
+        ["wait", "turn_x", "--timeout", "inf"],
+        ["eval", "crash-matrix", "--relabel", "send_email=maybe"],
+        ["eval", "crash-matrix", "--relabel", "send_email"],
+        ["eval", "crash-matrix", "--point", "3:somewhere"],
+    ],
+    ids=" ".join,
+)
+def test_bad_argument_values_are_usage_errors(cli: Cli, args: list[str]) -> None:
+    """Out-of-range or malformed values: exit 2 with the usage line, no traceback, no wait."""
+    result = cli(*args)
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "usage: durable-agent" in result.stderr
+
+
+BAD_UTF8 = os.fsdecode(b"turn-\xff\xfe")  # what Python makes of invalid UTF-8 in argv
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["journal", BAD_UTF8],
+        ["wait", BAD_UTF8, "--timeout", "0"],
+        ["replay", BAD_UTF8],
+        ["turns", "--session", BAD_UTF8],
+        ["submit", "--session", BAD_UTF8, "hello"],
+        ["submit", "--session", "s", BAD_UTF8],
+        ["submit", "--session", "s", "--turn-id", BAD_UTF8, "hello"],
+        ["submit", "--session", "x" * 201, "hello"],
+        ["submit", "--session", "s", ""],
+    ],
+    ids=lambda a: " ".join(a)[:40],
+)
+def test_bad_text_in_arguments_is_one_error_line(cli: Cli, args: list[str]) -> None:
+    """Invalid UTF-8, an over-long id or an empty message: one 'error:' line, exit 2, before
+    anything touches the database (the URL here reaches nothing)."""
+    result = cli(*args, DURABLE_AGENT_DATABASE_URL=UNREACHABLE)
+    assert result.returncode == 2, result
+    line = assert_one_error_line(result)
+    assert "Postgres" not in line, line
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("DURABLE_AGENT_BROKER_URL", "redis://h:99999/0", "bad broker URL"),
+        ("DURABLE_AGENT_BROKER_URL", "nats://h:4222", "scheme must be one of"),
+        ("DURABLE_AGENT_BROKER_URL", "redis://h/0?bogus=1", "unknown query parameter"),
+        ("DURABLE_AGENT_LEASE_SECONDS", "nan", "finite"),
+        ("DURABLE_AGENT_QUEUE", "", "1-200 characters"),
+    ],
+)
+def test_bad_settings_are_one_error_line(cli: Cli, name: str, value: str, says: str) -> None:
+    result = cli("turns", **{name: value})
+    assert result.returncode == 2
+    line = assert_one_error_line(result)
+    assert name in line and says in line, line

@@ -14,6 +14,7 @@ EXPECTED = [
     "CallContext",
     "ConfigurationError",
     "DurableAgentError",
+    "InvalidArgument",
     "LeaseLost",
     "ModelUnavailable",
     "ReplayDiverged",

@@ -7,8 +7,9 @@ import os
 import pydantic
 import pytest
 
-from durable_agent import Settings
+from durable_agent import ConfigurationError, Settings
 from durable_agent.journal.db import conninfo_for
+from durable_agent.settings import load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -140,3 +141,69 @@ def test_settings_are_frozen() -> None:
         settings.queue = "other"
     assert settings.model_copy(update={"queue": "other"}).queue == "other"
     assert settings.queue == "durable-agent"
+
+
+NUMBERS = [
+    "lease_seconds",
+    "sweep_interval_seconds",
+    "requeue_after_seconds",
+    "retry_backoff_max_seconds",
+    "model_timeout_seconds",
+    "max_steps",
+    "max_crashes",
+    "visibility_timeout_seconds",
+    "blob_threshold_bytes",
+    "max_message_bytes",
+]
+
+
+@pytest.mark.parametrize("name", NUMBERS)
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf", "-inf", "1e300", "abc", ""])
+def test_every_number_is_checked(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    """No negative, zero, NaN, infinite or absurd lease, timeout, interval or count."""
+    monkeypatch.setenv(f"DURABLE_AGENT_{name.upper()}", value)
+    with pytest.raises(pydantic.ValidationError):
+        Settings()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("QUEUE", ""),
+        ("QUEUE", "two words"),
+        ("QUEUE", "x" * 201),
+        ("MODEL", ""),
+        ("TOOL_LABELS", "send_email=maybe"),
+        ("TOOL_LABELS", "=safe"),
+        ("BROKER_URL", "kafka://host:9092"),
+        ("BROKER_URL", "redis://host:99999/0"),
+        ("BROKER_URL", "redis://host:port/0"),
+        ("BROKER_URL", "redis://host/zero"),
+        ("BROKER_URL", "redis://host/0?visibility=1"),
+        ("DATABASE_URL", "postgresql://u@h:0/db"),
+        ("DATABASE_URL", "postgresql://u@h/db?sslmode=x&nonsense=1"),
+        ("DATABASE_URL", "mysql://u@h/db"),
+    ],
+)
+def test_names_and_urls_are_checked(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    monkeypatch.setenv(f"DURABLE_AGENT_{name}", value)
+    with pytest.raises(pydantic.ValidationError):
+        Settings()
+
+
+def test_load_settings_gives_one_line_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DURABLE_AGENT_BROKER_URL", "redis://:s3cret@host:99999/0")
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings()
+    text = str(caught.value)
+    assert text.startswith("bad setting DURABLE_AGENT_BROKER_URL: bad broker URL")
+    assert "\n" not in text and "s3cret" not in text
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://127.0.0.1:6379/0", "rediss://h:6380/1?ssl_cert_reqs=required", "amqp://g:g@h//"],
+)
+def test_usable_broker_urls_pass(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    monkeypatch.setenv("DURABLE_AGENT_BROKER_URL", url)
+    assert Settings().broker_url == url
