@@ -74,6 +74,7 @@ def cmd_crash_matrix(settings: Settings, args: argparse.Namespace) -> int:
             sweep_interval_seconds=args.sweep_interval,
             data_dir=Path(args.data_dir) if args.data_dir else None,
             extra=extra,
+            pool=args.pool,
         )
         with stack, _progress() as bar:
             task = bar.add_task("crash matrix", total=None)
@@ -177,6 +178,7 @@ def cmd_heed_note(settings: Settings, args: argparse.Namespace) -> int:
             tools="durable_agent_examples.payments_tools",
             real_model=real,
             data_dir=Path(args.data_dir) if args.data_dir else None,
+            pool=args.pool,
         )
         with stack, _progress() as bar:
             task = bar.add_task("heed-note", total=args.runs)
@@ -222,6 +224,7 @@ def cmd_two_workers(settings: Settings, args: argparse.Namespace) -> int:
             tools="durable_agent_examples.payments_tools",
             lease_seconds=args.lease_seconds,
             data_dir=Path(args.data_dir) if args.data_dir else None,
+            pool=args.pool,
         )
         with stack:
             err.print("two workers: freezing worker A inside refund_order ...")
@@ -305,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
         "crash-matrix",
         help="crash a real worker before and after every step; count repeats and emails",
     )
+    matrix.add_argument(
+        "--pool",
+        choices=["solo", "prefork"],
+        default="solo",
+        help="the workers' Celery pool (prefork: a crash kills the pool child)",
+    )
     matrix.set_defaults(func=cmd_crash_matrix)
     matrix.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     matrix.add_argument(
@@ -331,6 +340,12 @@ def build_parser() -> argparse.ArgumentParser:
         "two-workers",
         help="freeze a worker inside a never tool; another takes over; count the refunds",
     )
+    two.add_argument(
+        "--pool",
+        choices=["solo", "prefork"],
+        default="solo",
+        help="the workers' Celery pool (prefork: a crash kills the pool child)",
+    )
     two.set_defaults(func=cmd_two_workers)
     two.add_argument("--lease-seconds", type=float, default=5.0)
     two.add_argument("--json", metavar="PATH")
@@ -339,6 +354,12 @@ def build_parser() -> argparse.ArgumentParser:
     heed = kinds.add_parser(
         "heed-note",
         help="interrupt refund_order after it ran; does the model check before retrying?",
+    )
+    heed.add_argument(
+        "--pool",
+        choices=["solo", "prefork"],
+        default="solo",
+        help="the workers' Celery pool (prefork: a crash kills the pool child)",
     )
     heed.set_defaults(func=cmd_heed_note)
     heed.add_argument("--runs", type=int, default=20)

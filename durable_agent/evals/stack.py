@@ -27,7 +27,7 @@ from ..journal.db import describe_url
 from ..runtime import Runtime
 from ..settings import Settings
 from ..testing import POLICIES, PaymentsSandbox, ScriptedModelServer, SmtpInbox
-from ..testing.harness import WorkerProcess, forget_queue, settings_env
+from ..testing.harness import WorkerProcess, forget_queue, settings_env, wait_until
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,7 @@ class EvalStack:
         real_model: bool = False,
         data_dir: Path | None = None,
         extra: dict[str, Any] | None = None,
+        pool: str = "solo",
     ) -> None:
         self.base = base
         self.work_dir = work_dir
@@ -98,6 +99,7 @@ class EvalStack:
         self.sweep_interval_seconds = sweep_interval_seconds
         self.real_model = real_model
         self.data_dir = data_dir or Path.cwd() / ".durable-agent"
+        self.pool = pool
         self.extra = extra or {}
         self.embedded: Any = None
         self.model: ScriptedModelServer | None = None
@@ -187,8 +189,15 @@ class EvalStack:
         return env
 
     def start_worker(self, name: str, *, wait: bool = True, **env: str) -> WorkerProcess:
+        """A worker process with the stack's pool (a prefork worker gets one child, so the
+        turn runs where a crash point fires)."""
         worker = WorkerProcess(
-            self.worker_env(**env), self.work_dir / f"{name}.log", name=name, die_with_parent=True
+            self.worker_env(**env),
+            self.work_dir / f"{name}.log",
+            name=name,
+            pool=self.pool,
+            concurrency=1,
+            die_with_parent=True,
         )
         self.workers.append(worker)
         worker.start()
@@ -221,25 +230,38 @@ class Recovery:
 def crash_and_recover(
     stack: EvalStack, session_id: str, message: str, crash_at: str, timeout: float = 60.0
 ) -> Recovery:
-    """Start a worker armed with ``CRASH_AT``, submit the turn, let the worker die, then let
-    a fresh worker finish the turn through the sweeper and the claim."""
+    """Start a worker armed with ``CRASH_AT``, submit the turn and let the crash happen; then
+    let the turn finish through the system's own recovery. Solo pool: the worker process
+    dies and a fresh worker takes the turn through the sweeper and the claim. Prefork pool:
+    the pool child dies, Celery gives the message back and a new child of the same worker
+    takes the turn (the crash point does not fire again: that step is read back now)."""
     runtime = stack.runtime
     tag = session_id.replace(":", "-")
     doomed = stack.start_worker(f"crash-{tag}", CRASH_AT=crash_at)
     turn_id = runtime.start_turn(session_id, message)
-    try:
-        code: int | None = doomed.wait_exit(timeout)
-    except TimeoutError:
-        code = None
-    crashed_at = time.monotonic()
-    crashed = code == 1 and "CRASH_AT" in doomed.log_text()
-    doomed.stop()
-    rescuer = stack.start_worker(f"rescue-{tag}", wait=False)
+    if stack.pool == "solo":
+        try:
+            code: int | None = doomed.wait_exit(timeout)
+        except TimeoutError:
+            code = None
+        crashed = code == 1 and "CRASH_AT" in doomed.log_text()
+        crashed_at = time.monotonic()
+        doomed.stop()
+        finisher = stack.start_worker(f"rescue-{tag}", wait=False)
+    else:
+        try:
+            wait_until(lambda: "CRASH_AT" in doomed.log_text(), timeout, "the crash point")
+            crashed = doomed.alive()
+        except TimeoutError:
+            crashed = False
+        crashed_at = time.monotonic()
+        finisher = doomed
     try:
         turn = runtime.wait_for_turn(turn_id, timeout)
         recovery: float | None = round(time.monotonic() - crashed_at, 2)
     except TimeoutError:
         turn, recovery = runtime.get_turn(turn_id), None
     finally:
-        rescuer.stop()
+        finisher.stop()
+        doomed.stop()
     return Recovery(turn=turn, crashed=crashed, recovery_seconds=recovery)

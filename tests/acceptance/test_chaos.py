@@ -1,8 +1,8 @@
 """Chaos (issue 4): turns finish exactly once while workers, the broker and the database die.
 
-Twelve turns (four sessions of two turns, four of one) run on three real worker processes
-against a throwaway Postgres and Redis (``EmbeddedServices``; the shared servers are never
-touched). Over a 30 s window a seeded random schedule submits the turns (one per 2.5 s
+Twelve turns (four sessions of two turns, four of one) run on three real workers (solo and
+prefork pools alternating) against a throwaway Postgres and Redis (``EmbeddedServices``; the
+shared servers are never touched). Over a 30 s window a seeded random schedule submits the turns (one per 2.5 s
 slot, each model call taking 0.8 s, so turns are in flight all along), SIGKILLs a worker four
 times (one that holds a turn, at a random moment into it) and starts a replacement, SIGKILLs
 Redis and brings it back empty on the same port, and SIGKILLs Postgres (postmaster and
@@ -122,8 +122,17 @@ class Chaos:
                 time.sleep(0.1)
 
     def start_worker(self) -> WorkerProcess:
+        """Every other worker runs a prefork pool of two children (Celery's default pool);
+        the others run solo."""
         name = f"worker{len(self.workers) + 1}"
-        worker = WorkerProcess(self.env, self.logs / f"{name}.log", name=name)
+        prefork = len(self.workers) % 2 == 1
+        worker = WorkerProcess(
+            self.env,
+            self.logs / f"{name}.log",
+            name=name,
+            pool="prefork" if prefork else "solo",
+            concurrency=2 if prefork else 1,
+        )
         self.workers.append(worker)
         worker.start()
         self.note(f"started {name} (pid {worker.pid})")
@@ -187,7 +196,7 @@ class Chaos:
         """The workers holding a live claim, waiting up to ``timeout`` s for one (else [])."""
         deadline = time.monotonic() + timeout
         while True:
-            by_pid = {w.pid: w for w in self.alive()}
+            by_pid = {pid: w for w in self.alive() for pid in (w.pid, *w.children())}
             busy = [by_pid[pid] for pid in self.retrying(self.busy_pids) if pid in by_pid]
             if busy or time.monotonic() >= deadline:
                 return busy

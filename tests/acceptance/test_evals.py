@@ -133,9 +133,13 @@ def test_heed_note_scripted_and_careless(settings: Settings, tmp_path: Path) -> 
 
 
 @pytest.mark.timeout(180)
-def test_two_workers_eval(settings: Settings, tmp_path: Path) -> None:
-    """A frozen worker wakes after a takeover: one refund, its writes rejected."""
-    result = run_cli(settings, "eval", "two-workers", "--json", str(tmp_path / "r.json"))
+@pytest.mark.parametrize("pool", ["solo", "prefork"])
+def test_two_workers_eval(settings: Settings, tmp_path: Path, pool: str) -> None:
+    """A frozen worker wakes after a takeover: one refund, its writes rejected; with either
+    pool (SIGSTOP freezes a prefork worker's main process and its child alike)."""
+    result = run_cli(
+        settings, "eval", "two-workers", "--pool", pool, "--json", str(tmp_path / "r.json")
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["ok"] is True
