@@ -2,8 +2,9 @@
 
 Twelve turns (four sessions of two turns, four of one) run on three real workers (solo and
 prefork pools alternating) against a throwaway Postgres and Redis (``EmbeddedServices``; the
-shared servers are never touched). Over a 30 s window a seeded random schedule submits the turns (one per 2.5 s
-slot, each model call taking 0.8 s, so turns are in flight all along), SIGKILLs a worker four
+shared servers are never touched). Over a 30 s window a seeded random schedule submits the
+turns (one per 2.5 s slot, each model call taking 0.8 s, so turns are in flight all along),
+SIGKILLs a worker four
 times (one that holds a turn, at a random moment into it) and starts a replacement, SIGKILLs
 Redis and brings it back empty on the same port, and SIGKILLs Postgres (postmaster and
 backends at once: crash recovery on restart) and brings it back on the same port. A worker
