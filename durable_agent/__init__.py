@@ -44,6 +44,7 @@ __all__ = [
     "TurnFailed",
     "TurnNotFound",
     "TurnStatus",
+    "agent_turn",
     "current_call",
     "get_turn",
     "run_turn",
@@ -56,9 +57,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    # The Celery task lives with its app; import it only when asked for.
-    if name == "run_turn":
-        from .tasks import run_turn
+    # The Celery tasks live with their app (built from the environment); import it only
+    # when asked for.
+    if name in ("run_turn", "agent_turn"):
+        from . import tasks
 
-        return run_turn
+        return getattr(tasks, name)
     raise AttributeError(f"module 'durable_agent' has no attribute {name!r}")

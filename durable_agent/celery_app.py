@@ -1,4 +1,5 @@
-"""The Celery app of a runtime: its configuration, its tasks and its worker hooks.
+"""The Celery app of a runtime: its configuration and its worker hooks (the tasks are in
+:mod:`durable_agent.turn_tasks`).
 
 Redis is only the doorbell: messages carry ids, Postgres holds the truth. Delivery is
 at-least-once and duplicates are routine, so every delivery claims the turn first.
@@ -14,28 +15,18 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
-from celery import Celery, Task, signals
+from celery import Celery, signals
 
 from .broker import transport_for
-from .errors import (
-    ConfigurationError,
-    DurableAgentError,
-    InvalidArgument,
-    ServiceUnavailable,
-    TurnNotFound,
-)
-from .inputs import check_id
-from .journal.holders import worker_identity
+from .errors import ConfigurationError, DurableAgentError
 from .settings import Settings
+from .turn_tasks import SWEEP
 
 if TYPE_CHECKING:
     from .runtime import Runtime
     from .sweeper import SweeperThread
 
 log = logging.getLogger("durable_agent.tasks")
-
-TASK_NAME = "durable_agent.run_turn"
-SWEEP_TASK_NAME = "durable_agent.sweep"
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -67,7 +58,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_channel_error_retry": True,
         "beat_schedule": {
             "durable-agent-sweep": {
-                "task": SWEEP_TASK_NAME,
+                "task": SWEEP,
                 "schedule": settings.sweep_interval_seconds,
             }
         },
@@ -76,101 +67,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 def create_app(runtime: Runtime) -> Celery:
     """A Celery app for this runtime's broker and queue, with the tasks registered."""
+    from .turn_tasks import register_tasks
+
     app = Celery("durable_agent", set_as_current=False)
     app.conf.update(celery_config(runtime.settings))
     app.durable_agent_runtime = runtime
-
-    def run_turn(self: Task, session_id: str, turn_id: str) -> str:
-        """Claim the turn in Postgres and run it; step aside if someone else holds it."""
-        return handle_delivery(runtime, turn_id)
-
-    def sweep() -> int:
-        """One sweep pass, for those who schedule it with ``celery beat`` instead."""
-        return len(runtime.sweeper().sweep_once())
-
-    def received(args: list[Any], kwargs: dict[str, Any], message_id: str) -> None:
-        """In the worker's main process, as a run_turn message arrives: note who has it, so
-        that the sweeper sends the turn again if this worker dies before it claims it."""
-        try:
-            runtime.journal.record_receipt(args[1], message_id, worker_identity())
-        except ServiceUnavailable as error:
-            runtime.outage.report(error)  # the claim will wait for Postgres anyway
-        except DurableAgentError as error:
-            log.warning("could not note the receipt of %s: %s", args[1], error)
-
-    # shared=False: Celery would otherwise add these closures, bound to this runtime, to
-    # every app created later in the process. Strategy: messages are checked before they
-    # reach Celery's own strategy (see durable_agent.poison).
-    guarded = {"shared": False, "Strategy": "durable_agent.poison:guarded_strategy"}
-    app.task(
-        name=TASK_NAME,
-        bind=True,
-        acks_late=True,
-        ignore_result=True,
-        check_arguments=staticmethod(_check_run_turn),
-        on_receipt=staticmethod(received),
-        **guarded,
-    )(run_turn)
-    app.task(
-        name=SWEEP_TASK_NAME,
-        ignore_result=True,
-        check_arguments=staticmethod(_check_sweep),
-        **guarded,
-    )(sweep)
+    register_tasks(app, runtime)
     return app
-
-
-def _check_run_turn(args: list[Any], kwargs: dict[str, Any]) -> None:
-    if kwargs or len(args) != 2:
-        raise ValueError(
-            f"run_turn takes (session_id, turn_id), got {len(args)} argument(s) and "
-            f"keywords {sorted(kwargs)[:5]}"
-        )
-    for name, value in zip(("session_id", "turn_id"), args, strict=True):
-        try:
-            check_id(name, value)
-        except InvalidArgument as error:
-            raise ValueError(str(error)) from None
-
-
-def _check_sweep(args: list[Any], kwargs: dict[str, Any]) -> None:
-    if args or kwargs:
-        raise ValueError("sweep takes no arguments")
-
-
-def handle_delivery(runtime: Runtime, turn_id: str) -> str:
-    """One delivery of ``run_turn``: what became of it, as the task's result.
-
-    No delivery schedules a later one with a countdown: a turn that must be looked at again
-    (a live claim of another worker, a deferral after a model outage) is re-sent by the
-    sweeper from Postgres when it is due. Celery's countdown messages wait unacked in a
-    worker's memory, and with kombu 5.7 on Redis such a worker dies when the broker
-    connection drops.
-    """
-    from .worker import Delivery, Outcome
-
-    worker = runtime.turn_worker()
-    while True:
-        try:
-            delivery = worker.handle(turn_id)
-        except TurnNotFound:
-            log.error("delivery for unknown turn %s dropped", turn_id)
-            return "unknown turn"
-        except ServiceUnavailable as error:
-            delivery = Delivery(turn_id, Outcome.INTERRUPTED, str(error))
-        if delivery.outcome != Outcome.INTERRUPTED:
-            runtime.outage.recovered()
-            break
-        # Postgres is unreachable: keep the message, wait for Postgres, then handle the turn
-        # again here; the claim is this worker's own, so nothing counts as a crash.
-        runtime.outage.wait()
-    if delivery.follow_up is not None:
-        try:
-            runtime.enqueue(*delivery.follow_up)
-        except DurableAgentError as error:
-            log.warning("could not enqueue %s (the sweeper will): %s", delivery.follow_up, error)
-    log.info("turn %s: %s %s", turn_id, delivery.outcome, delivery.detail[:200])
-    return delivery.outcome
 
 
 # -- worker hooks: module-level, so they stay connected; each finds its runtime -----------

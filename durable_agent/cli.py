@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -53,6 +54,12 @@ def cmd_worker(runtime: Runtime, args: argparse.Namespace) -> int:
     labels = ", ".join(f"{t.name} ({t.replay})" for t in runtime.tools)
     print(f"durable-agent worker: queue {settings.queue!r}, tools: {labels}", file=sys.stderr)
     argv = ["worker", "--queues", settings.queue, "--loglevel", args.loglevel, *args.celery_args]
+    if not any(
+        arg in ("-n", "--hostname") or arg.startswith(("-n", "--hostname=")) for arg in argv
+    ):
+        # a node name of its own, so that several workers on one host are told apart (Flower,
+        # celery inspect); Celery's default is celery@<host> for all of them
+        argv += ["--hostname", f"{settings.queue}-{os.getpid()}@%h"]
     # worker_main() drops the worker's exit code; a worker that stops on an unrecoverable
     # error must exit non-zero, so that a supervisor restarts it.
     exit_codes: list[int] = []

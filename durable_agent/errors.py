@@ -48,8 +48,8 @@ class ServiceUnavailable(DurableAgentError):
 class TurnNotFound(DurableAgentError):
     """No turn has this id."""
 
-    def __init__(self, turn_id: str) -> None:
-        super().__init__(f"no turn with id {turn_id!r}")
+    def __init__(self, turn_id: str, *, hint: str = "") -> None:
+        super().__init__(f"no turn with id {turn_id!r}" + (f" ({hint})" if hint else ""))
         self.turn_id = turn_id
 
 

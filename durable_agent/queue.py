@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from kombu.exceptions import OperationalError as KombuOperationalError
 from kombu.utils.url import maybe_sanitize_url
 
-from .celery_app import TASK_NAME
 from .errors import ServiceUnavailable
+from .turn_tasks import RUN_TURN
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -31,7 +31,7 @@ def send(
     settings = runtime.settings
     try:
         runtime.celery.send_task(
-            TASK_NAME,
+            RUN_TURN,
             args=(session_id, turn_id),
             queue=queue or settings.queue,
             task_id=message_id,

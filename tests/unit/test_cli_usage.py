@@ -240,3 +240,14 @@ def test_bad_settings_are_one_error_line(cli: Cli, name: str, value: str, says: 
     assert result.returncode == 2
     line = assert_one_error_line(result)
     assert name in line and says in line, line
+
+
+def test_every_worker_gets_a_node_name_of_its_own() -> None:
+    """Three `durable-agent worker` on one host were celery@vm three times (one in Flower)."""
+    from durable_agent.cli import worker_argv
+
+    argv = worker_argv(["turns"], "INFO", ["--concurrency", "4"])
+    name = argv[argv.index("--hostname") + 1]
+    assert name == f"turns-{os.getpid()}@%h"
+    assert worker_argv(["turns"], "INFO", ["-n", "mine@%h"]).count("--hostname") == 0
+    assert worker_argv(["turns"], "INFO", ["--hostname=mine@%h"]).count("--hostname") == 0

@@ -1,0 +1,235 @@
+"""The Celery tasks of a runtime: what an application sends, what a worker runs.
+
+``run_turn(session_id, turn_id)`` runs a turn the application recorded (``start_turn`` does
+both). ``agent_turn(session_id, message, turn_id=None)`` takes the message itself, for an
+application that only uses ``.delay()``: it records the turn on its first delivery, then
+runs it. ``sweep()`` is one sweeper pass, for ``celery beat``.
+
+Calling ``run_turn.delay()`` or ``agent_turn.delay()`` checks the arguments in the caller's
+process, so a mistake (a message where a turn id belongs, an over-long id) is an exception
+there, not a silent drop on a worker. On a worker, every message is checked again before it
+runs (``durable_agent.poison``), and the task's state in Flower says what happened: SUCCESS
+with the outcome ("done", "refused: ...", "deferred: ..."), or FAILURE with the reason the
+turn failed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery, Task
+from celery.result import AsyncResult
+
+from .errors import (
+    DurableAgentError,
+    InvalidArgument,
+    ServiceUnavailable,
+    TurnFailed,
+    TurnNotFound,
+)
+from .inputs import check_id, check_message
+from .journal.holders import worker_identity
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+log = logging.getLogger("durable_agent.tasks")
+
+RUN_TURN = "durable_agent.run_turn"
+AGENT_TURN = "durable_agent.agent_turn"
+SWEEP = "durable_agent.sweep"
+_GUARD = "durable_agent.poison:guarded_strategy"
+
+
+class TurnTask(Task):  # type: ignore[misc]
+    """The base of our tasks: a failed turn is an expected failure, logged without a
+    traceback and shown as FAILURE with its reason."""
+
+    abstract = True
+    throws = (TurnFailed, TurnNotFound, InvalidArgument)
+    runtime: Runtime
+
+
+class RunTurnTask(TurnTask):
+    """``run_turn``: checks in the caller that the turn exists, and notes the message."""
+
+    abstract = True
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> AsyncResult:
+        session_id, turn_id = _run_turn_arguments(args, kwargs)
+        runtime = self.runtime
+        try:
+            turn = runtime.journal.find_turn(turn_id)
+        except ServiceUnavailable as error:  # the sweeper knows the turn: send it anyway
+            log.warning("run_turn.delay(%r): cannot check the turn (%s)", turn_id, error)
+            return super().apply_async((session_id, turn_id), None, **options)
+        if turn is None:
+            raise TurnNotFound(turn_id, hint=AGENT_TURN_HINT)
+        from .queue import new_message_id
+
+        message_id = options.pop("task_id", None) or new_message_id()
+        runtime.journal.mark_sent([turn_id], [message_id])
+        options.setdefault("queue", turn.queue or runtime.settings.queue)
+        return super().apply_async((session_id, turn_id), None, task_id=message_id, **options)
+
+
+class AgentTurnTask(TurnTask):
+    """``agent_turn``: checks the message in the caller before it is sent."""
+
+    abstract = True
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> AsyncResult:
+        try:
+            _check_agent_turn(list(args or ()), dict(kwargs or {}))
+        except ValueError as error:
+            raise InvalidArgument(str(error)) from None
+        check_message(list(args or ())[1], self.runtime.settings.max_message_bytes)
+        return super().apply_async(args, kwargs, **options)
+
+
+AGENT_TURN_HINT = (
+    "run_turn takes (session_id, turn_id) of a turn already recorded; to start a turn from "
+    "a message use agent_turn.delay(session_id, message) or start_turn(session_id, message)"
+)
+
+
+def register_tasks(app: Celery, runtime: Runtime) -> None:
+    """Register the tasks on the runtime's app (``shared=False``: Celery would otherwise add
+    these closures, bound to this runtime, to every app made later in the process)."""
+
+    def run_turn(self: Task, session_id: str, turn_id: str) -> str:
+        """Claim the turn in Postgres and run it; step aside if someone else holds it."""
+        return handle_delivery(runtime, turn_id)
+
+    def agent_turn(self: Task, session_id: str, message: str, turn_id: str | None = None) -> str:
+        """Record the turn (once: the turn id is the message's unless given), then run it."""
+        turn_id = turn_id or "turn_" + str(self.request.id).replace("-", "")
+        turn = runtime.journal.create_turn(
+            session_id, message, turn_id=turn_id, queue=runtime.settings.queue
+        )
+        return handle_delivery(runtime, turn.turn_id)
+
+    def sweep(self: Task) -> int:
+        """One sweep pass, for those who schedule it with ``celery beat`` instead."""
+        return len(runtime.sweeper().sweep_once())
+
+    def received(args: list[Any], kwargs: dict[str, Any], message_id: str) -> None:
+        """In the worker's main process, as a run_turn message arrives: note who has it, so
+        that the sweeper sends the turn again if this worker dies before it claims it."""
+        try:
+            runtime.journal.record_receipt(args[1], message_id, worker_identity())
+        except ServiceUnavailable as error:
+            runtime.outage.report(error)  # the claim will wait for Postgres anyway
+        except DurableAgentError as error:
+            log.warning("could not note the receipt of %s: %s", args[1], error)
+
+    common = {"bind": True, "shared": False, "ignore_result": True, "Strategy": _GUARD}
+    app.task(
+        name=RUN_TURN,
+        base=RunTurnTask,
+        acks_late=True,
+        check_arguments=staticmethod(_check_run_turn),
+        on_receipt=staticmethod(received),
+        runtime=runtime,
+        **common,
+    )(run_turn)
+    app.task(
+        name=AGENT_TURN,
+        base=AgentTurnTask,
+        acks_late=True,
+        check_arguments=staticmethod(_check_agent_turn),
+        runtime=runtime,
+        **common,
+    )(agent_turn)
+    app.task(
+        name=SWEEP,
+        base=TurnTask,
+        check_arguments=staticmethod(_check_sweep),
+        runtime=runtime,
+        **common,
+    )(sweep)
+
+
+def handle_delivery(runtime: Runtime, turn_id: str) -> str:
+    """One delivery of a turn: what became of it, as the task's result (SUCCESS), or
+    TurnFailed with the reason (FAILURE).
+
+    No delivery schedules a later one with a countdown: a turn that must be looked at again
+    (a live claim of another worker, a deferral after a model outage) is re-sent by the
+    sweeper from Postgres when it is due. Celery's countdown messages wait unacked in a
+    worker's memory, and with kombu 5.7 on Redis such a worker dies when the broker
+    connection drops.
+    """
+    from .worker import Delivery, Outcome
+
+    worker = runtime.turn_worker()
+    while True:
+        try:
+            delivery = worker.handle(turn_id)
+        except ServiceUnavailable as error:
+            delivery = Delivery(turn_id, Outcome.INTERRUPTED, str(error))
+        if delivery.outcome != Outcome.INTERRUPTED:
+            runtime.outage.recovered()
+            break
+        # Postgres is unreachable: keep the message, wait for Postgres, then handle the turn
+        # again here; the claim is this worker's own, so nothing counts as a crash.
+        runtime.outage.wait()
+    if delivery.follow_up is not None:
+        try:
+            runtime.enqueue(*delivery.follow_up)
+        except DurableAgentError as error:
+            log.warning("could not enqueue %s (the sweeper will): %s", delivery.follow_up, error)
+    log.info("turn %s: %s %s", turn_id, delivery.outcome, delivery.detail[:200])
+    if delivery.outcome == Outcome.FAILED:
+        raise TurnFailed(f"turn {turn_id} failed: {delivery.detail}")
+    if delivery.outcome == Outcome.DONE:
+        return "done"
+    return f"{delivery.outcome}: {delivery.detail[:300]}"
+
+
+# -- the arguments each task takes (checked in the caller and again on the worker) ---------
+
+
+def _run_turn_arguments(args: Any, kwargs: Any) -> tuple[str, str]:
+    args, kwargs = list(args or ()), dict(kwargs or {})
+    try:
+        _check_run_turn(args, kwargs)
+    except ValueError as error:
+        raise InvalidArgument(f"{error}; {AGENT_TURN_HINT}") from None
+    return args[0], args[1]
+
+
+def _check_run_turn(args: list[Any], kwargs: dict[str, Any]) -> None:
+    if kwargs or len(args) != 2:
+        raise ValueError(
+            f"run_turn takes (session_id, turn_id), got {len(args)} argument(s) and "
+            f"keywords {sorted(kwargs)[:5]}"
+        )
+    for name, value in zip(("session_id", "turn_id"), args, strict=True):
+        try:
+            check_id(name, value)
+        except InvalidArgument as error:
+            raise ValueError(str(error)) from None
+
+
+def _check_agent_turn(args: list[Any], kwargs: dict[str, Any]) -> None:
+    unknown = sorted(set(kwargs) - {"turn_id"})
+    if unknown or not 2 <= len(args) + len(kwargs) <= 3 or len(args) != 2:
+        raise ValueError(
+            "agent_turn takes (session_id, message, turn_id=None), got "
+            f"{len(args)} argument(s) and keywords {sorted(kwargs)[:5]}"
+        )
+    try:
+        check_id("session_id", args[0])
+        if not isinstance(args[1], str) or not args[1].strip() or "\x00" in args[1]:
+            raise InvalidArgument("message must be non-empty text with no NUL")
+        if kwargs.get("turn_id") is not None:
+            check_id("turn_id", kwargs["turn_id"])
+    except InvalidArgument as error:
+        raise ValueError(str(error)) from None
+
+
+def _check_sweep(args: list[Any], kwargs: dict[str, Any]) -> None:
+    if args or kwargs:
+        raise ValueError("sweep takes no arguments")
