@@ -53,13 +53,7 @@ def cmd_worker(runtime: Runtime, args: argparse.Namespace) -> int:
     runtime.check_worker_start()
     labels = ", ".join(f"{t.name} ({t.replay})" for t in runtime.tools)
     print(f"durable-agent worker: queue {settings.queue!r}, tools: {labels}", file=sys.stderr)
-    argv = ["worker", "--queues", settings.queue, "--loglevel", args.loglevel, *args.celery_args]
-    if not any(
-        arg in ("-n", "--hostname") or arg.startswith(("-n", "--hostname=")) for arg in argv
-    ):
-        # a node name of its own, so that several workers on one host are told apart (Flower,
-        # celery inspect); Celery's default is celery@<host> for all of them
-        argv += ["--hostname", f"{settings.queue}-{os.getpid()}@%h"]
+    argv = worker_argv(runtime.queues, args.loglevel, args.celery_args)
     # worker_main() drops the worker's exit code; a worker that stops on an unrecoverable
     # error must exit non-zero, so that a supervisor restarts it.
     exit_codes: list[int] = []
@@ -70,6 +64,19 @@ def cmd_worker(runtime: Runtime, args: argparse.Namespace) -> int:
     signals.worker_shutdown.connect(remember_exit_code, weak=False)
     runtime.celery.worker_main(argv)
     return exit_codes[-1] if exit_codes else 0
+
+
+def worker_argv(queues: list[str], loglevel: str, extra: list[str]) -> list[str]:
+    """The Celery worker's command line: our queues, and a node name of its own unless one is
+    given, so that several workers on one host are told apart in Flower and ``celery
+    inspect`` (Celery's default is celery@<host> for all of them)."""
+    argv = ["worker", "--queues", ",".join(queues), "--loglevel", loglevel, *extra]
+    named = any(
+        arg in ("-n", "--hostname") or arg.startswith(("-n", "--hostname=")) for arg in argv
+    )
+    if not named:
+        argv += ["--hostname", f"{queues[0]}-{os.getpid()}@%h"]
+    return argv
 
 
 def cmd_sweep(runtime: Runtime, args: argparse.Namespace) -> int:
