@@ -4,7 +4,7 @@ BIN    := $(VENV)/bin
 # The suite runs in three processes: most of its time is spent waiting on real workers.
 PYTEST_ARGS ?= -n 3 --dist worksteal
 
-.PHONY: install test unit lint format demo bench clean
+.PHONY: install test test-compose unit lint format demo bench clean
 
 install: $(VENV)/.installed
 
@@ -16,6 +16,10 @@ $(VENV)/.installed: pyproject.toml
 
 test: install
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# compose.yaml for real: needs Docker with Compose v2 (../shared/containers/engine.sh up)
+test-compose: install
+	$(BIN)/pytest tests/compose -m compose -p no:xdist
 
 unit: install
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

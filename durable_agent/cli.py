@@ -22,7 +22,13 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .errors import ConfigurationError, DurableAgentError, InvalidArgument, TurnNotFound
+from .errors import (
+    ConfigurationError,
+    DurableAgentError,
+    InvalidArgument,
+    ServiceUnavailable,
+    TurnNotFound,
+)
 from .inputs import check_id, check_message
 from .redact import printable
 from .runtime import Runtime
@@ -77,6 +83,36 @@ def worker_argv(queues: list[str], loglevel: str, extra: list[str]) -> list[str]
     if not named:
         argv += ["--hostname", f"{queues[0]}-{os.getpid()}@%h"]
     return argv
+
+
+def cmd_health(runtime: Runtime, args: argparse.Namespace) -> int:
+    """Exit 0 when this deployment can run turns: Postgres reachable and migrated, the
+    broker reachable, and (``--worker``) a worker on this host answering a ping, which its
+    consumer does only while it takes messages."""
+    import socket
+
+    from kombu.utils.url import maybe_sanitize_url
+
+    runtime.require_schema()
+    app = runtime.celery
+    try:
+        with app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=1, timeout=args.timeout)
+    except Exception as error:
+        raise ServiceUnavailable(
+            f"cannot reach the broker at {maybe_sanitize_url(runtime.settings.broker_url)}: {error}"
+        ) from error
+    if not args.worker:
+        print("ok: Postgres and the broker answer")
+        return 0
+    host = socket.gethostname()
+    replies = app.control.ping(timeout=args.timeout) or []
+    mine = sorted(node for reply in replies for node in reply if node.endswith(f"@{host}"))
+    if not mine:
+        error_line(f"error: no worker on {host} answered a ping within {args.timeout:g}s")
+        return EXIT_FAILED
+    print(f"ok: {', '.join(mine)} takes turns")
+    return 0
 
 
 def cmd_sweep(runtime: Runtime, args: argparse.Namespace) -> int:
@@ -212,6 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--loglevel", default="INFO")
 
     add("sweep", cmd_sweep, "one sweeper pass: enqueue turns whose message was lost")
+
+    health = add("health", cmd_health, "exit 0 if Postgres, the broker (and a worker) answer")
+    health.add_argument(
+        "--worker", action="store_true", help="also: a worker on this host answers a ping"
+    )
+    health.add_argument("--timeout", type=_seconds, default=3.0, help="seconds (default 3)")
 
     submit = add("submit", cmd_submit, "record a turn and enqueue it; prints the turn id")
     submit.add_argument("--session", required=True, help="the conversation this turn belongs to")

@@ -1,8 +1,11 @@
 """Run a test server as its own process.
 
-    python -m durable_agent.testing model-server --policy email [--port P]
-    python -m durable_agent.testing inbox [--smtp-port P --api-port Q]
-    python -m durable_agent.testing payments [--port P] [--order A-1001=4200 ...]
+    python -m durable_agent.testing model-server --policy email [--host H] [--port P]
+    python -m durable_agent.testing inbox [--host H] [--smtp-port P --api-port Q]
+    python -m durable_agent.testing payments [--host H] [--port P] [--order A-1001=4200 ...]
+
+``--host`` is the address to listen on: 127.0.0.1 by default; 0.0.0.0 lets other machines
+or containers reach the server (``compose.yaml``'s demo profile does that).
 
 The process prints one line of JSON with the server's addresses, then serves until SIGTERM
 or SIGINT and exits 0. `ServerProcess` starts such a process from a test.
@@ -25,6 +28,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any, Self
 
+from durable_agent.testing.http import LOOPBACK
 from durable_agent.testing.inbox import SmtpInbox
 from durable_agent.testing.model_server import ScriptedModelServer
 from durable_agent.testing.payments import DEFAULT_ORDERS, PaymentsSandbox
@@ -49,14 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     model = kinds.add_parser("model-server", help="scripted OpenAI-compatible model server")
     model.add_argument("--policy", choices=sorted(POLICIES), required=True)
+    model.add_argument("--host", default=LOOPBACK, help="address to listen on (127.0.0.1)")
     model.add_argument("--port", type=int, default=0)
     model.add_argument("--model", default="scripted-model", help="model name to report")
 
     inbox = kinds.add_parser("inbox", help="SMTP inbox with a JSON API")
+    inbox.add_argument("--host", default=LOOPBACK, help="address to listen on (127.0.0.1)")
     inbox.add_argument("--smtp-port", type=int, default=0)
     inbox.add_argument("--api-port", type=int, default=0)
 
     payments = kinds.add_parser("payments", help="payments sandbox")
+    payments.add_argument("--host", default=LOOPBACK, help="address to listen on (127.0.0.1)")
     payments.add_argument("--port", type=int, default=0)
     payments.add_argument(
         "--order",
@@ -72,11 +79,15 @@ def _start(args: argparse.Namespace, stack: ExitStack) -> dict[str, Any]:
     """Start the requested server inside `stack` and return its addresses."""
     if args.kind == "model-server":
         model = stack.enter_context(
-            ScriptedModelServer(POLICIES[args.policy], model=args.model, port=args.port)
+            ScriptedModelServer(
+                POLICIES[args.policy], model=args.model, host=args.host, port=args.port
+            )
         )
         return {"base_url": model.base_url, "port": model.port, "policy": args.policy}
     if args.kind == "inbox":
-        inbox = stack.enter_context(SmtpInbox(smtp_port=args.smtp_port, api_port=args.api_port))
+        inbox = stack.enter_context(
+            SmtpInbox(host=args.host, smtp_port=args.smtp_port, api_port=args.api_port)
+        )
         return {
             "smtp_url": inbox.smtp_url,
             "smtp_host": inbox.smtp_host,
@@ -84,7 +95,7 @@ def _start(args: argparse.Namespace, stack: ExitStack) -> dict[str, Any]:
             "api_url": inbox.api_url,
         }
     orders = dict(args.order) if args.order else dict(DEFAULT_ORDERS)
-    payments = stack.enter_context(PaymentsSandbox(orders, port=args.port))
+    payments = stack.enter_context(PaymentsSandbox(orders, host=args.host, port=args.port))
     return {"url": payments.url, "port": payments.port}
 
 

@@ -1,0 +1,212 @@
+"""The project's own compose.yaml, brought up for real with three workers.
+
+Runs with ``make test-compose`` (CI calls it after ``make test``): it needs a Docker engine
+with Compose v2 and the images compose.yaml names (``postgres:15-bookworm``,
+``redis:7-bookworm``, ``debian:bookworm-slim``), which ``../shared/containers/engine.sh up``
+provides on these machines. The stack is torn down (``down -v``) even when a check fails.
+
+What it shows: the demo profile runs a real turn with no API key; Flower refuses a request
+without credentials and lists the three workers with them; a worker container SIGKILLed
+while its turn waits for the model is not waited for beyond its lease: another worker
+finishes the turn, and one email arrives.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.compose, pytest.mark.timeout(900)]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Stack:
+    project: str
+    env_file: Path
+    flower_port: int
+    flower_auth: str
+    postgres_password: str
+
+    def compose(self, *args: str, timeout: float = 600, check: bool = True) -> str:
+        command = [
+            "docker",
+            "compose",
+            "--project-directory",
+            str(ROOT),
+            "-p",
+            self.project,
+            "--env-file",
+            str(self.env_file),
+            "--profile",
+            "demo",
+            *args,
+        ]
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"{' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
+        return result.stdout
+
+    def sql(self, query: str) -> str:
+        return self.compose(
+            "exec", "-T", "db", "psql", "-U", "durable_agent", "-d", "durable_agent", "-tAc", query
+        ).strip()
+
+    def port(self, service: str, port: int) -> int:
+        return int(self.compose("port", service, str(port)).strip().rsplit(":", 1)[1])
+
+    def http(self, method: str, url: str, auth: str | None = None) -> tuple[int, Any]:
+        request = urllib.request.Request(
+            url, method=method, data=b"{}" if method == "POST" else None
+        )
+        if auth:
+            import base64
+
+            request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as error:
+            return error.code, None
+
+    def worker_containers(self) -> dict[str, str]:
+        """Container hostname -> container id, for the worker service."""
+        ids = self.compose("ps", "-q", "worker").split()
+        found = {}
+        for container in ids:
+            hostname = subprocess.run(
+                ["docker", "inspect", "-f", "{{.Config.Hostname}}", container],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            found[hostname] = container
+        return found
+
+
+def _wait(condition: Any, timeout: float, what: str, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    if (
+        shutil.which("docker") is None
+        or subprocess.run(["docker", "compose", "version"], capture_output=True).returncode
+    ):
+        pytest.fail("needs Docker with Compose v2: run ../shared/containers/engine.sh up first")
+    folder = tmp_path_factory.mktemp("compose")
+    stack = Stack(
+        project=f"da-compose-{uuid.uuid4().hex[:8]}",
+        env_file=folder / ".env",
+        flower_port=_free_port(),
+        flower_auth=f"admin:{secrets.token_urlsafe(12)}",
+        postgres_password=secrets.token_urlsafe(16),
+    )
+    stack.env_file.write_text(
+        "\n".join(
+            [
+                f"POSTGRES_PASSWORD={stack.postgres_password}",
+                f"FLOWER_BASIC_AUTH={stack.flower_auth}",
+                f"FLOWER_PORT={stack.flower_port}",
+                "WORKER_CONCURRENCY=2",
+                "",
+            ]
+        )
+    )
+    try:
+        stack.compose("up", "-d", "--build", "--scale", "worker=3", "--wait", timeout=900)
+        yield stack
+    finally:
+        logs = stack.compose("logs", "--no-color", "--tail", "200", check=False)
+        (folder / "compose.log").write_text(logs)
+        stack.compose("down", "-v", "--remove-orphans", "--timeout", "5", check=False)
+
+
+def test_the_demo_profile_runs_a_turn_with_no_api_key(stack: Stack) -> None:
+    def demo_exited() -> str:
+        return stack.compose("ps", "-a", "--format", "{{.State}} {{.ExitCode}}", "demo").strip()
+
+    _wait(lambda: demo_exited().startswith("exited"), 180, "the demo turn")
+    assert demo_exited() == "exited 0"
+    logs = stack.compose("logs", "--no-color", "demo")
+    assert "Done: the note 'launch' was sent to ada@example.com." in logs, logs
+
+
+def test_flower_needs_credentials_and_lists_the_three_workers(stack: Stack) -> None:
+    base = f"http://127.0.0.1:{stack.flower_port}"
+    status, _ = _wait(lambda: stack.http("GET", base + "/"), 60, "Flower")
+    assert status == 401
+
+    def workers() -> list[str]:
+        code, data = stack.http("GET", base + "/api/workers?refresh=1", stack.flower_auth)
+        return sorted(data) if code == 200 and data else []
+
+    names = _wait(lambda: len(workers()) == 3 and workers(), 90, "three workers in Flower")
+    hosts = set(stack.worker_containers())
+    assert {name.split("@", 1)[1] for name in names} == hosts, (names, hosts)
+    assert len(set(names)) == 3
+
+
+def test_a_killed_worker_container_does_not_stop_its_turn(stack: Stack) -> None:
+    model = f"http://127.0.0.1:{stack.port('model', 8000)}"
+    inbox = f"http://127.0.0.1:{stack.port('inbox', 8025)}"
+    address = f"kill-{uuid.uuid4().hex[:6]}@example.com"
+    stack.http("POST", model + "/_hold")
+    try:
+        turn_id = stack.compose(
+            "exec", "-T", "--index", "1", "worker",
+            "durable-agent", "submit", "--session", f"kill-{address}",
+            f"Email the note 'launch' to {address}",
+        ).strip()  # fmt: skip
+        _wait(lambda: stack.http("GET", model + "/_stats")[1]["waiting"] >= 1, 60, "the model call")
+        owner = stack.sql(f"SELECT lease_owner FROM turns WHERE turn_id = '{turn_id}'")
+        host = owner.split(":", 1)[0]
+        victim = stack.worker_containers()[host]
+        subprocess.run(
+            ["docker", "kill", "--signal", "KILL", victim], check=True, capture_output=True
+        )
+    finally:
+        stack.http("POST", model + "/_release")
+
+    status = _wait(
+        lambda: stack.sql(f"SELECT status FROM turns WHERE turn_id = '{turn_id}'") == "done",
+        90,
+        "the turn to finish on another worker",
+    )
+    assert status
+    reply = stack.sql(f"SELECT reply FROM turns WHERE turn_id = '{turn_id}'")
+    # another owner took the claim over after the lease: one crash, two attempts
+    claims = stack.sql(f"SELECT crashes || '/' || attempts FROM turns WHERE turn_id = '{turn_id}'")
+    _, emails = stack.http("GET", f"{inbox}/messages?to={address}")
+    assert reply == f"Done: the note 'launch' was sent to {address}.", reply
+    assert claims == "1/2", claims
+    assert len(emails) == 1, emails
