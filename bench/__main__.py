@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "which",
         nargs="?",
-        choices=("all", "journal", "recovery"),
+        choices=("all", "journal", "throughput", "recovery"),
         default="all",
         help="the benchmark to run (default: all)",
     )
@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import journal_io
 
         results["journal"] = journal_io.run(reps=args.reps)
+    if args.which in ("all", "throughput"):
+        from . import throughput
+
+        results["throughput"] = throughput.run(rounds=max(1, args.reps // 2))
     if args.which in ("all", "recovery"):
         from . import recovery
 

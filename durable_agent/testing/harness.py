@@ -119,9 +119,9 @@ class WorkerProcess:
         assert self.process is not None, "worker not started"
         return self.process.pid
 
-    def start(self) -> Self:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        command = [
+    def command(self) -> list[str]:
+        """The worker's command line."""
+        return [
             sys.executable,
             "-m",
             "durable_agent",
@@ -135,9 +135,12 @@ class WorkerProcess:
             "--hostname",
             f"{self.name}-{os.getpid()}-{time.monotonic_ns()}@%h",
         ]
+
+    def start(self) -> Self:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                command,
+                self.command(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
