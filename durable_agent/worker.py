@@ -36,7 +36,8 @@ class Outcome(StrEnum):
     DONE = "done"  # the turn finished with a reply
     FAILED = "failed"  # the turn ended as failed, with the reason
     REFUSED = "refused"  # not run: finished, held by another worker, waiting or deferred
-    DEFERRED = "deferred"  # the model API kept failing; the turn runs again after a backoff
+    DEFERRED = "deferred"  # given back (the model API kept failing, or the journal lost its
+    # last writes in a Postgres crash); the turn runs again after a backoff, or at once
     LOST = "lost"  # another worker took the turn over mid-run; this one stopped
     INTERRUPTED = "interrupted"  # Postgres could not be reached; the message goes back
 
@@ -95,18 +96,17 @@ class TurnWorker:
         runner: StepRunner | None = None
         with Heartbeat(self.leases, turn.turn_id, claim.epoch, settings.lease_seconds) as beat:
             try:
+                # the first claim of a turn finds no journal, the first turn of a session
+                # no history: neither is read then
                 runner = StepRunner(
-                    self.store.for_claim(turn.turn_id, claim.epoch),
+                    self.store.for_claim(turn.turn_id, claim.epoch, empty=claim.epoch == 1),
                     tools=self.tools,
                     guard=beat,
                     faults=self.faults,
                     max_steps=settings.max_steps,
                 )
-                messages = initial_messages(
-                    settings.system_prompt,
-                    self.store.session_history(turn.session_id, turn.seq),
-                    turn.message,
-                )
+                history = self.store.session_history(turn.session_id, turn.seq) if turn.seq else []
+                messages = initial_messages(settings.system_prompt, history, turn.message)
                 reply = run_agent(
                     runner,
                     model=settings.model,
@@ -115,12 +115,20 @@ class TurnWorker:
                     call_model=self.model,
                 )
                 beat.check()
-                if self.leases.finish(turn.turn_id, claim.epoch, reply) is None:
+                ended = self.leases.finish(turn.turn_id, claim.epoch, reply)
+                if ended is None:
                     raise LeaseLost(f"turn {turn.turn_id}: reply not recorded, epoch moved on")
-                delivery.detail = reply
+                delivery.detail, delivery.follow_up = reply, ended.next_turn
             except LeaseLost as error:
                 if beat.unreachable:  # not taken over: Postgres was out of reach for a lease
                     delivery.outcome, delivery.detail = Outcome.INTERRUPTED, str(error)
+                    return delivery
+                if self.leases.release(turn.turn_id, claim.epoch, 0.0, str(error)):
+                    # still ours: the journal lost its last writes in a Postgres crash, so
+                    # the turn starts again from what survived
+                    log.warning("restarting turn %s: %s", turn.turn_id, error)
+                    delivery.outcome, delivery.detail = Outcome.DEFERRED, str(error)
+                    delivery.follow_up = (turn.session_id, turn.turn_id, turn.queue)
                     return delivery
                 log.warning("stopping turn %s: %s", turn.turn_id, error)
                 delivery.outcome, delivery.detail = Outcome.LOST, str(error)
@@ -143,12 +151,12 @@ class TurnWorker:
                     else redact(f"unexpected error: {type(error).__name__}: {error}")
                 )
                 log.error("turn %s failed: %s", turn.turn_id, reason)
-                self.leases.fail(turn.turn_id, claim.epoch, reason)
+                ended = self.leases.fail(turn.turn_id, claim.epoch, reason)
                 delivery.outcome, delivery.detail = Outcome.FAILED, reason
+                delivery.follow_up = ended.next_turn if ended else None
             finally:
                 if runner is not None:
                     delivery.read_back, delivery.executed = runner.read_back, runner.executed
-        delivery.follow_up = self.store.next_turn_in_session(turn.session_id, turn.seq)
         return delivery
 
     def _give_up(self, claim: Claim) -> Delivery:
@@ -160,10 +168,7 @@ class TurnWorker:
             f"(DURABLE_AGENT_MAX_CRASHES={self.settings.max_crashes}); last reached {where}"
         )
         log.error("turn %s: %s", turn.turn_id, reason)
-        self.leases.fail(turn.turn_id, claim.epoch, reason)
+        ended = self.leases.fail(turn.turn_id, claim.epoch, reason)
         return Delivery(
-            turn.turn_id,
-            Outcome.FAILED,
-            reason,
-            follow_up=self.store.next_turn_in_session(turn.session_id, turn.seq),
+            turn.turn_id, Outcome.FAILED, reason, follow_up=ended.next_turn if ended else None
         )

@@ -15,7 +15,7 @@ from ..errors import TurnNotFound
 from ..redact import redact
 from .db import Database, Row
 from .holders import holder_is_dead, host_token
-from .records import Claim, Refusal, Turn, TurnStatus
+from .records import Claim, Ended, Refusal, Turn, TurnStatus
 
 log = logging.getLogger(__name__)
 
@@ -108,17 +108,17 @@ class Leases:
         """Does this epoch still own an unexpired lease on the turn?"""
         return bool(self.db.value("still_held", turn_id=turn_id, epoch=epoch))
 
-    def finish(self, turn_id: str, epoch: int, reply: str) -> tuple[str, int] | None:
+    def finish(self, turn_id: str, epoch: int, reply: str) -> Ended | None:
         """Record the reply and end the turn as done; None if the epoch moved on."""
         return self._end(turn_id, epoch, TurnStatus.DONE, reply, None)
 
-    def fail(self, turn_id: str, epoch: int, error: str) -> tuple[str, int] | None:
+    def fail(self, turn_id: str, epoch: int, error: str) -> Ended | None:
         """End the turn as failed with a reason; None if the epoch moved on."""
         return self._end(turn_id, epoch, TurnStatus.FAILED, None, error)
 
     def _end(
         self, turn_id: str, epoch: int, status: TurnStatus, reply: str | None, error: str | None
-    ) -> tuple[str, int] | None:
+    ) -> Ended | None:
         row = self.db.one(
             "end_turn",
             turn_id=turn_id,
@@ -127,7 +127,14 @@ class Leases:
             reply=reply,
             error=redact(error) if error else None,
         )
-        return (row["session_id"], row["seq"]) if row else None
+        if row is None:
+            return None
+        following = (
+            (row["session_id"], row["next_turn_id"], row["next_queue"])
+            if row["next_turn_id"]
+            else None
+        )
+        return Ended(row["session_id"], row["seq"], following)
 
     def release(self, turn_id: str, epoch: int, delay_seconds: float, error: str | None) -> bool:
         """Give the turn back (queued, journal kept) to be claimed again after a delay."""

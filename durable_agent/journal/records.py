@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, fields
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal, Self, cast
+from typing import Any, Literal, NamedTuple, Self, cast
 
 Kind = Literal["model", "tool"]
 Replay = Literal["safe", "never"]
@@ -150,6 +150,15 @@ class Claim:
     turn: Turn
     epoch: int
     owner: str
+
+
+class Ended(NamedTuple):
+    """A turn just ended: where it was, and the next unfinished turn of its session
+    (``(session_id, turn_id, queue)``), which may run now."""
+
+    session_id: str
+    seq: int
+    next_turn: tuple[str, str, str] | None = None
 
 
 RefusalReason = Literal["finished", "leased", "deferred", "waiting", "elsewhere"]

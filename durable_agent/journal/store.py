@@ -95,16 +95,12 @@ class JournalStore:
         """A worker received this message of the turn (committed without a WAL wait)."""
         self.db.run("record_receipt", turn_id=turn_id, message_id=message_id, receiver=receiver)
 
-    def next_turn_in_session(self, session_id: str, after_seq: int) -> tuple[str, str, str] | None:
-        """The (session_id, turn_id, queue) of the next unfinished turn after this position."""
-        row = self.db.one("next_turn_in_session", session_id=session_id, seq=after_seq)
-        return (row["session_id"], row["turn_id"], row["queue"]) if row else None
-
     # -- journal ---------------------------------------------------------------------------
 
-    def for_claim(self, turn_id: str, epoch: int) -> ClaimedJournal:
-        """The turn's journal as the claim at ``epoch`` writes it."""
-        return ClaimedJournal(self, turn_id, epoch)
+    def for_claim(self, turn_id: str, epoch: int, *, empty: bool = False) -> ClaimedJournal:
+        """The turn's journal as the claim at ``epoch`` writes it (``empty``: known to have
+        no steps yet, so none are read)."""
+        return ClaimedJournal(self, turn_id, epoch, [] if empty else None)
 
     def load_journal(self, turn_id: str) -> list[Step]:
         """Every journal row of the turn, in step order: one query, blobs joined in."""
@@ -137,11 +133,19 @@ class JournalStore:
         """Record a step that ran nothing (a refused call) as done in one write."""
         self._insert_step(turn_id, epoch, step, kind, name, input, replay, "done", output)
 
-    def record_outcome(self, turn_id: str, epoch: int, step: int, output: Any) -> None:
-        """Mark an intent done with its outcome."""
+    def record_outcome(
+        self, turn_id: str, epoch: int, step: int, output: Any, *, durable: bool = True
+    ) -> None:
+        """Mark an intent done with its outcome (``durable``: wait for the WAL flush)."""
         stored, blob = self._store_payload(output)
         row = self.db.one(
-            "finish_step", turn_id=turn_id, epoch=epoch, step=step, output=stored, blob=blob
+            "finish_step",
+            turn_id=turn_id,
+            epoch=epoch,
+            step=step,
+            output=stored,
+            blob=blob,
+            durable=durable,
         )
         if row is None:
             raise self._lost(turn_id, epoch, f"outcome of step {step}")
@@ -159,6 +163,8 @@ class JournalStore:
         output: Any,
     ) -> None:
         stored, blob = self._store_payload(output) if status == "done" else (None, None)
+        # the intent of a never tool is on disk before the call runs (see queries.sql)
+        durable = status == "intent" and replay == "never"
         try:
             row = self.db.one(
                 "insert_step",
@@ -172,6 +178,7 @@ class JournalStore:
                 status=status,
                 output=stored,
                 blob=blob,
+                durable=durable,
             )
         except psycopg.errors.UniqueViolation as error:
             raise LeaseLost(
@@ -196,6 +203,11 @@ class JournalStore:
         turn = self.find_turn(turn_id)
         if turn is None:
             return LeaseLost(f"turn {turn_id} no longer exists; {what} not written")
+        if turn.lease_epoch == epoch and turn.status == "running":
+            return LeaseLost(
+                f"turn {turn_id}: {what} rejected: the journal lost its last writes "
+                "(Postgres restarted after a crash); the turn starts again from what survived"
+            )
         return LeaseLost(
             f"turn {turn_id}: {what} rejected: this writer holds epoch {epoch}, the turn is "
             f"at epoch {turn.lease_epoch} ({turn.status})"
@@ -205,11 +217,14 @@ class JournalStore:
 class ClaimedJournal:
     """The Postgres journal of one turn as one claim writes it (see ``TurnJournal``)."""
 
-    def __init__(self, store: JournalStore, turn_id: str, epoch: int) -> None:
+    def __init__(
+        self, store: JournalStore, turn_id: str, epoch: int, steps: list[Step] | None = None
+    ) -> None:
         self.store = store
         self.turn_id = turn_id
         self.epoch = epoch
-        self._steps: list[Step] | None = None
+        self._steps = steps
+        self._never_steps: set[int] = set()  # intents of never tools this claim wrote
 
     def steps(self) -> list[Step]:
         if self._steps is None:
@@ -220,6 +235,8 @@ class ClaimedJournal:
         self, step: int, kind: Kind, name: str, input: dict[str, Any], replay: Replay | None
     ) -> None:
         self.store.insert_intent(self.turn_id, self.epoch, step, kind, name, input, replay)
+        if replay == "never":
+            self._never_steps.add(step)
 
     def insert_done(
         self,
@@ -233,4 +250,7 @@ class ClaimedJournal:
         self.store.insert_done(self.turn_id, self.epoch, step, kind, name, input, replay, output)
 
     def record_outcome(self, step: int, output: Any) -> None:
-        self.store.record_outcome(self.turn_id, self.epoch, step, output)
+        # the outcome of a never call is on disk at once; any other may be lost with the
+        # last moments of a Postgres crash, and then runs again
+        durable = step in self._never_steps
+        self.store.record_outcome(self.turn_id, self.epoch, step, output, durable=durable)

@@ -23,7 +23,7 @@ def test_three_prefork_workers_share_sixty_turns(stack: Stack, spawn: Spawn) -> 
     stack.model.delay_seconds = 0.05  # each model call takes a little time, as a real one
     workers = [spawn(pool="prefork", concurrency=CONCURRENCY) for _ in range(WORKERS)]
     slots = WORKERS * CONCURRENCY
-    samples: list[tuple[int, int]] = []  # (running, waiting) while turns remain
+    samples: list[tuple[float, int, int]] = []  # (when, running, waiting) while turns remain
     done = threading.Event()
 
     def sample() -> None:
@@ -32,7 +32,7 @@ def test_three_prefork_workers_share_sixty_turns(stack: Stack, spawn: Spawn) -> 
             running = sum(t.status == "running" for t in turns)
             waiting = sum(t.status == "queued" for t in turns)
             if running + waiting:
-                samples.append((running, waiting))
+                samples.append((time.monotonic(), running, waiting))
             time.sleep(0.05)
 
     turn_ids = [
@@ -61,6 +61,19 @@ def test_three_prefork_workers_share_sixty_turns(stack: Stack, spawn: Spawn) -> 
     print(f"\nturns per worker: {dict(split)}")
     assert sum(split.values()) == TURNS, split
     assert min(split.values()) >= TURNS // (2 * WORKERS), split  # none far below its share
-    # a turn waiting while a slot is free: allow the moments a slot is between two turns
-    idle_with_work = [s for s in samples if s[1] > 0 and s[0] < slots - 1]
-    assert len(idle_with_work) <= max(2, len(samples) // 10), (idle_with_work, len(samples))
+    # A turn waiting while slots are free. A slot between two turns is free for a moment, and
+    # longer when the machine is busy; a turn held back behind another (prefetch) waits for
+    # whole turns, seconds. So: no stretch of that state may last a second.
+    assert longest_idle_with_work(samples, slots) < 1.0, samples
+
+
+def longest_idle_with_work(samples: list[tuple[float, int, int]], slots: int) -> float:
+    """The longest time, in seconds, during which turns waited while two or more slots were free."""
+    longest, since = 0.0, None
+    for when, running, waiting in samples:
+        if waiting and running < slots - 1:
+            since = when if since is None else since
+            longest = max(longest, when - since)
+        else:
+            since = None
+    return longest

@@ -81,7 +81,8 @@ def test_later_turn_waits_for_the_earlier_one(store: JournalStore, leases: Lease
     refusal = leases.claim(later.turn_id, "b", 30.0)
     assert isinstance(refusal, Refusal) and refusal.reason == "waiting"
 
-    assert leases.finish(earlier.turn_id, claim.epoch, "done") == ("s", 0)
+    ended = leases.finish(earlier.turn_id, claim.epoch, "done")
+    assert ended is not None and ended.next_turn == ("s", later.turn_id, "")
     assert _claim(leases, later.turn_id, "b").epoch == 1
 
 
@@ -116,7 +117,7 @@ def test_stale_epoch_cannot_finish_fail_or_release(
     now = store.get_turn(turn.turn_id)
     assert (now.status, now.lease_owner, now.lease_epoch) == ("running", "b", new.epoch)
     assert now.reply is None and now.error is None
-    assert leases.finish(turn.turn_id, new.epoch, "reply") == ("s", 0)
+    assert leases.finish(turn.turn_id, new.epoch, "reply") == ("s", 0, None)
     done = store.get_turn(turn.turn_id)
     assert (done.status, done.reply, done.lease_owner) == ("done", "reply", None)
 

@@ -89,11 +89,11 @@ def test_create_turn_with_explicit_id_is_idempotent(store: JournalStore) -> None
 def test_load_journal_is_one_query_in_step_order(
     store: JournalStore, leases: Leases, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A 1000-step journal, written out of order, loads with one statement, sorted by step."""
+    """A 1000-step journal loads with one statement, sorted by step."""
     turn = store.create_turn("s", "long")
     epoch = _claim(leases, turn.turn_id)
     n = 1000
-    for step in reversed(range(n)):
+    for step in range(n):
         store.insert_done(
             turn.turn_id, epoch, step, "tool", "lookup_note", {"i": step}, "safe", {"out": step}
         )
@@ -114,6 +114,27 @@ def test_load_journal_is_one_query_in_step_order(
     assert [s.output for s in steps] == [{"out": i} for i in range(n)]
     assert [s.input for s in steps] == [{"i": i} for i in range(n)]
     assert all(s.epoch == epoch and s.status == "done" for s in steps)
+
+
+def test_a_step_is_written_only_after_the_one_before_it_is_done(
+    store: JournalStore, leases: Leases, settings: Settings
+) -> None:
+    """The guard against building on steps a Postgres crash took away: a writer whose
+    journal lost its tail (simulated by deleting it) cannot write past the gap."""
+    turn = store.create_turn("s", "m")
+    epoch = _claim(leases, turn.turn_id)
+    store.insert_intent(turn.turn_id, epoch, 0, "model", "llm", {}, "safe")
+    with pytest.raises(LeaseLost, match="the journal lost its last writes"):
+        store.insert_intent(turn.turn_id, epoch, 1, "tool", "t", {}, "safe")  # 0 not done
+    store.record_outcome(turn.turn_id, epoch, 0, {"ok": 1})
+    store.insert_intent(turn.turn_id, epoch, 1, "tool", "t", {}, "never")
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM journal WHERE step = 1")  # the crash took step 1
+    with pytest.raises(LeaseLost, match="the journal lost its last writes"):
+        store.record_outcome(turn.turn_id, epoch, 1, {"ok": 2})
+    with pytest.raises(LeaseLost, match="the journal lost its last writes"):
+        store.insert_intent(turn.turn_id, epoch, 2, "model", "llm", {}, "safe")
+    assert [s.step for s in store.load_journal(turn.turn_id)] == [0]
 
 
 def test_large_outputs_go_to_blobs_and_load_back_identical(

@@ -46,12 +46,6 @@ SELECT message, reply FROM turns
 WHERE session_id = :session_id AND seq < :seq AND status = 'done'
 ORDER BY seq;
 
--- name: next_turn_in_session
--- The next unfinished turn after this position.
-SELECT session_id, turn_id, queue FROM turns
-WHERE session_id = :session_id AND seq > :seq AND status IN ('queued', 'running')
-ORDER BY seq LIMIT 1;
-
 -- name: mark_sent
 -- Before a message is published: which message is the turn's latest, and when it was sent.
 UPDATE turns AS t SET enqueued_at = durable_agent_now(), message_id = sent.message_id
@@ -76,6 +70,15 @@ WHERE turn_id = :turn_id AND status IN ('queued', 'running');
 -- ---------------------------------------------------------------------------------------
 -- the journal: every write is fenced by the writer's epoch. The share lock on the turn row
 -- makes a concurrent claim either wait for the write or make it write nothing.
+--
+-- :durable says whether the write waits for the WAL flush. The intent and the outcome of
+-- a `never` tool do (the intent before the tool runs); the other writes do not. A worker
+-- crash loses nothing of them: the commit happened, only its flush is late. A Postgres
+-- crash can lose the last moments of the WAL, always a suffix of it, so what survives is
+-- a prefix of the journal; any later durable commit (a `never` step, the end of the turn)
+-- flushes everything before it; and a lost model or `safe` step is simply run again. A
+-- writer that outlived such a crash cannot build on steps that are gone: a step is
+-- inserted only after the one before it is done.
 -- ---------------------------------------------------------------------------------------
 
 -- name: load_journal
@@ -89,10 +92,18 @@ ORDER BY j.step;
 
 -- name: insert_step
 -- An intent (status 'intent') or a call that ran nothing (status 'done').
-WITH fence AS (
-    SELECT turn_id FROM turns
+WITH flush AS (
+    SELECT set_config('synchronous_commit',
+                      CASE WHEN :durable THEN current_setting('synchronous_commit')
+                           ELSE 'off' END, true)
+),
+fence AS (
+    SELECT turn_id FROM turns, flush
     WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running'
-    FOR SHARE
+      AND (:step = 0 OR EXISTS (SELECT 1 FROM journal AS before
+                                WHERE before.turn_id = :turn_id AND before.step = :step - 1
+                                  AND before.status = 'done'))
+    FOR SHARE OF turns
 )
 INSERT INTO journal (turn_id, step, kind, name, input, replay, status, output, output_blob,
                      epoch, created_at, finished_at)
@@ -104,16 +115,22 @@ RETURNING step;
 
 -- name: finish_step
 -- The outcome of an intent.
-WITH fence AS (
-    SELECT turn_id FROM turns
+WITH flush AS (
+    SELECT set_config('synchronous_commit',
+                      CASE WHEN :durable THEN current_setting('synchronous_commit')
+                           ELSE 'off' END, true)
+),
+fence AS (
+    SELECT turn_id FROM turns, flush
     WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running'
-    FOR SHARE
+    FOR SHARE OF turns
 )
 UPDATE journal AS j
 SET status = 'done', output = CAST(:output AS jsonb), output_blob = :blob, epoch = :epoch,
     finished_at = durable_agent_now()
 FROM fence
-WHERE j.turn_id = fence.turn_id AND j.step = :step AND j.status = 'intent'
+WHERE j.turn_id = :turn_id AND j.turn_id = fence.turn_id AND j.step = :step
+  AND j.status = 'intent'
 RETURNING j.step;
 
 -- name: insert_step_unfenced
@@ -123,7 +140,10 @@ INSERT INTO journal (turn_id, step, kind, name, input, replay, status, epoch)
 VALUES (:turn_id, :step, 'model', 'llm', '{}', 'safe', 'intent', :epoch);
 
 -- name: put_blob
-INSERT INTO blobs (sha256, data, size_bytes) VALUES (:sha256, CAST(:data AS jsonb), :size)
+-- Before the step that refers to it (WAL order keeps it there whenever the step survives).
+WITH flush AS (SELECT set_config('synchronous_commit', 'off', true))
+INSERT INTO blobs (sha256, data, size_bytes)
+SELECT :sha256, CAST(:data AS jsonb), :size FROM flush
 ON CONFLICT (sha256) DO NOTHING;
 
 -- ---------------------------------------------------------------------------------------
@@ -168,8 +188,12 @@ SELECT turn_id, session_id, seq, status, message, reply, error, attempts, crashe
 FROM turns WHERE turn_id = :turn_id;
 
 -- name: renew_lease
+-- Without a WAL wait: a renewal lost in a Postgres crash only lets the lease end sooner,
+-- and a takeover then fences this claim's writes (the claim itself is durable).
+WITH quick AS (SELECT set_config('synchronous_commit', 'off', true))
 UPDATE turns
 SET lease_expires_at = durable_agent_now() + make_interval(secs => :lease_seconds)
+FROM quick
 WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running'
 RETURNING lease_expires_at;
 
@@ -178,12 +202,24 @@ SELECT lease_epoch = :epoch AND status = 'running' AND lease_expires_at > durabl
 FROM turns WHERE turn_id = :turn_id;
 
 -- name: end_turn
--- Finish the turn (done or failed) if this epoch still holds it.
-UPDATE turns
-SET status = :status, reply = :reply, error = :error, lease_owner = NULL,
-    lease_expires_at = NULL, finished_at = durable_agent_now(), updated_at = durable_agent_now()
-WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running'
-RETURNING session_id, seq;
+-- Finish the turn (done or failed) if this epoch still holds it; the next unfinished turn
+-- of its session comes back with it (NULLs when there is none). Waits for the WAL flush,
+-- which takes every earlier write of the turn with it: a reply someone may read is on disk.
+WITH ended AS (
+    UPDATE turns
+    SET status = :status, reply = :reply, error = :error, lease_owner = NULL,
+        lease_expires_at = NULL, finished_at = durable_agent_now(),
+        updated_at = durable_agent_now()
+    WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running'
+    RETURNING session_id, seq
+)
+SELECT ended.session_id, ended.seq, next.turn_id AS next_turn_id, next.queue AS next_queue
+FROM ended LEFT JOIN LATERAL (
+    SELECT n.turn_id, n.queue FROM turns AS n
+    WHERE n.session_id = ended.session_id AND n.seq > ended.seq
+      AND n.status IN ('queued', 'running')
+    ORDER BY n.seq LIMIT 1
+) AS next ON true;
 
 -- name: release_turn
 -- Give the turn back (queued, journal kept), to be claimed again after a delay.
