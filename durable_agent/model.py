@@ -49,6 +49,7 @@ class ModelClient:
 
     def __init__(self, settings: Settings) -> None:
         self.base_url = settings.openai_base_url
+        self._where = redact(self.base_url) if self.base_url else "the default OpenAI endpoint"
         if not settings.openai_api_key and not settings.openai_base_url:
             raise ConfigurationError(
                 "no model endpoint: set OPENAI_API_KEY for OpenAI, or OPENAI_BASE_URL for "
@@ -65,7 +66,7 @@ class ModelClient:
 
     @property
     def where(self) -> str:
-        return redact(self.base_url) if self.base_url else "the default OpenAI endpoint"
+        return self._where
 
     def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
         self.calls += 1

@@ -58,6 +58,9 @@ class ReadOnlyJournal:
     def record_outcome(self, step: int, output: Any) -> None:
         raise ReplayWrite(f"step {step} has an intent but no outcome in the journal")
 
+    def flush(self) -> None:
+        """Nothing is ever held: every write is refused."""
+
 
 class _Unfenced:
     def check(self) -> None:

@@ -25,7 +25,7 @@ import pydantic
 from .context import CallContext, bind_call
 from .errors import ReplayDiverged, StepLimitReached
 from .faults import Faults
-from .journal.codec import digest, dumps, storable
+from .journal.codec import ListDigest, digest, dumps, storable
 from .journal.protocol import TurnJournal
 from .journal.records import Replay, Step
 from .redact import redact
@@ -77,6 +77,8 @@ class StepRunner:
         self.executed: list[int] = []
         self.divergences: list[Divergence] = []
         self._uncertain_keys: dict[tuple[str, str], str] = {}
+        self._conversation = ListDigest()  # the loop appends: hash only what is new
+        self._tools_digest: tuple[object, str] | None = None
 
     # -- model calls -----------------------------------------------------------------------
 
@@ -88,8 +90,8 @@ class StepRunner:
         intent = {
             "model": request.get("model"),
             "messages": len(request["messages"]),
-            "messages_sha256": digest(request["messages"]),
-            "tools_sha256": digest(request.get("tools") or []),
+            "messages_sha256": self._conversation.of(request["messages"]),
+            "tools_sha256": self._tools_sha256(request.get("tools") or []),
         }
         row = self._recorded(step, "model", MODEL_STEP_NAME)
         if row is not None and row.status == "done":
@@ -113,6 +115,12 @@ class StepRunner:
         self.journal.record_outcome(step, output)
         self.executed.append(step)
         return output
+
+    def _tools_sha256(self, schemas: list[dict[str, Any]]) -> str:
+        # The loop sends the same schema list at every model call: hash it once.
+        if self._tools_digest is None or self._tools_digest[0] is not schemas:
+            self._tools_digest = (schemas, digest(schemas))
+        return self._tools_digest[1]
 
     # -- tool calls ------------------------------------------------------------------------
 

@@ -242,6 +242,7 @@ class ToolRegistry:
 
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
+        self._schemas: list[dict[str, Any]] | None = None
         for t in tools:
             self.add(t)
 
@@ -251,6 +252,7 @@ class ToolRegistry:
                 f"two tools are named {t.name!r}: {_origin(self._tools[t.name])} and {_origin(t)}"
             )
         self._tools[t.name] = t
+        self._schemas = None
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
@@ -265,7 +267,11 @@ class ToolRegistry:
         return iter(self._tools[name] for name in sorted(self._tools))
 
     def openai_schemas(self) -> list[dict[str, Any]]:
-        return [t.openai_schema() for t in self]
+        """The Chat Completions ``tools`` list, built once (pydantic's schema generation is
+        slow) and shared: treat it as read-only."""
+        if self._schemas is None:
+            self._schemas = [t.openai_schema() for t in self]
+        return self._schemas
 
     def relabelled(self, labels: dict[str, Replay]) -> ToolRegistry:
         """A copy with some labels changed (the evals use it to show a wrong label)."""

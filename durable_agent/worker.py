@@ -8,6 +8,7 @@ due, so a turn whose worker died is never left without a message.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from .runner import StepRunner
 from .tools import ToolRegistry
 
 if TYPE_CHECKING:
+    from .journal.store import ClaimedJournal
     from .runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -94,17 +96,18 @@ class TurnWorker:
         settings = self.settings
         delivery = Delivery(turn.turn_id, Outcome.DONE)
         runner: StepRunner | None = None
+        # the first claim of a turn finds no journal: none is read then
+        journal = self.store.for_claim(turn.turn_id, claim.epoch, empty=claim.epoch == 1)
         with Heartbeat(self.leases, turn.turn_id, claim.epoch, settings.lease_seconds) as beat:
             try:
-                # the first claim of a turn finds no journal, the first turn of a session
-                # no history: neither is read then
                 runner = StepRunner(
-                    self.store.for_claim(turn.turn_id, claim.epoch, empty=claim.epoch == 1),
+                    journal,
                     tools=self.tools,
                     guard=beat,
                     faults=self.faults,
                     max_steps=settings.max_steps,
                 )
+                # the first turn of a session has no history: none is read then
                 history = self.store.session_history(turn.session_id, turn.seq) if turn.seq else []
                 messages = initial_messages(settings.system_prompt, history, turn.message)
                 reply = run_agent(
@@ -115,6 +118,7 @@ class TurnWorker:
                     call_model=self.model,
                 )
                 beat.check()
+                journal.flush()
                 ended = self.leases.finish(turn.turn_id, claim.epoch, reply)
                 if ended is None:
                     raise LeaseLost(f"turn {turn.turn_id}: reply not recorded, epoch moved on")
@@ -136,6 +140,7 @@ class TurnWorker:
             except ModelUnavailable as error:
                 delay = min(settings.retry_backoff_max_seconds, 2.0 ** min(turn.attempts, 10))
                 log.warning("turn %s: %s; retrying in %.0fs", turn.turn_id, error, delay)
+                _flush_quietly(journal)
                 self.leases.release(turn.turn_id, claim.epoch, delay, f"{error} (will retry)")
                 delivery.outcome, delivery.detail = Outcome.DEFERRED, str(error)
                 return delivery
@@ -151,6 +156,7 @@ class TurnWorker:
                     else redact(f"unexpected error: {type(error).__name__}: {error}")
                 )
                 log.error("turn %s failed: %s", turn.turn_id, reason)
+                _flush_quietly(journal)
                 ended = self.leases.fail(turn.turn_id, claim.epoch, reason)
                 delivery.outcome, delivery.detail = Outcome.FAILED, reason
                 delivery.follow_up = ended.next_turn if ended else None
@@ -172,3 +178,10 @@ class TurnWorker:
         return Delivery(
             turn.turn_id, Outcome.FAILED, reason, follow_up=ended.next_turn if ended else None
         )
+
+
+def _flush_quietly(journal: ClaimedJournal) -> None:
+    """Write what the journal held back before the turn is given back or failed; a claim
+    lost by now has nothing more to write, and the turn ends or is released regardless."""
+    with contextlib.suppress(LeaseLost):
+        journal.flush()

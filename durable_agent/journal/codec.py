@@ -27,6 +27,37 @@ def digest(value: Any) -> str:
     return hashlib.sha256(dumps(value).encode()).hexdigest()
 
 
+class ListDigest:
+    """``digest(items)`` of a list that grows at its end, in time proportional to what was added.
+
+    The canonical JSON of a list is ``[`` + its items' canonical JSON joined by ``,`` + ``]``,
+    so the hash is fed item by item and finished on a copy. A list that is not the one hashed
+    before plus new items (shorter, or its last hashed item replaced) is hashed from the start.
+    Items are expected not to change once hashed: the agent loop only appends.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._hash = hashlib.sha256(b"[")
+        self._count = 0
+        self._last: object = None
+
+    def of(self, items: list[Any]) -> str:
+        if self._count > len(items) or (self._count and items[self._count - 1] is not self._last):
+            self._reset()
+        for index in range(self._count, len(items)):
+            if index:
+                self._hash.update(b",")
+            self._hash.update(dumps(items[index]).encode())
+        self._count = len(items)
+        self._last = items[-1] if items else None
+        final = self._hash.copy()
+        final.update(b"]")
+        return final.hexdigest()
+
+
 def clean_text(text: str) -> tuple[str, list[str]]:
     """The text without what Postgres cannot store, and what was replaced."""
     problems = []

@@ -49,5 +49,11 @@ class TurnJournal(Protocol):
         ...
 
     def record_outcome(self, step: int, output: Any) -> None:
-        """Mark an intent done with its outcome."""
+        """Mark an intent done with its outcome. The outcome of a model call or a ``safe``
+        tool may be held back until the next write or :meth:`flush` (re-running either
+        call is allowed); the outcome of a ``never`` tool is written at once."""
+        ...
+
+    def flush(self) -> None:
+        """Write whatever :meth:`record_outcome` held back (before the turn ends)."""
         ...

@@ -8,6 +8,7 @@ at the same (turn, step) is rejected by the primary key.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -20,6 +21,15 @@ from .records import Kind, Replay, Step, Turn
 
 def new_turn_id() -> str:
     return "turn_" + uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class EncodedOutcome:
+    """A step's outcome ready to write: its JSON, or the hash of the blob that holds it."""
+
+    step: int
+    output: str | None
+    blob: str | None
 
 
 class JournalStore:
@@ -115,9 +125,12 @@ class JournalStore:
         name: str,
         input: dict[str, Any],
         replay: Replay | None,
+        *,
+        before: EncodedOutcome | None = None,
     ) -> None:
-        """Commit the intent of a call before it runs."""
-        self._insert_step(turn_id, epoch, step, kind, name, input, replay, "intent", None)
+        """Commit the intent of a call before it runs (``before``: the outcome of the step
+        before it, written in the same statement)."""
+        self._insert_step(turn_id, epoch, step, kind, name, input, replay, "intent", None, before)
 
     def insert_done(
         self,
@@ -129,26 +142,37 @@ class JournalStore:
         input: dict[str, Any],
         replay: Replay | None,
         output: Any,
+        *,
+        before: EncodedOutcome | None = None,
     ) -> None:
         """Record a step that ran nothing (a refused call) as done in one write."""
-        self._insert_step(turn_id, epoch, step, kind, name, input, replay, "done", output)
+        self._insert_step(turn_id, epoch, step, kind, name, input, replay, "done", output, before)
+
+    def encode_outcome(self, step: int, output: Any) -> EncodedOutcome:
+        """The outcome as it will be written (a large one is put into blobs now)."""
+        stored, blob = self._store_payload(output)
+        return EncodedOutcome(step, stored, blob)
 
     def record_outcome(
         self, turn_id: str, epoch: int, step: int, output: Any, *, durable: bool = True
     ) -> None:
         """Mark an intent done with its outcome (``durable``: wait for the WAL flush)."""
-        stored, blob = self._store_payload(output)
+        self.write_outcome(turn_id, epoch, self.encode_outcome(step, output), durable=durable)
+
+    def write_outcome(
+        self, turn_id: str, epoch: int, outcome: EncodedOutcome, *, durable: bool
+    ) -> None:
         row = self.db.one(
             "finish_step",
             turn_id=turn_id,
             epoch=epoch,
-            step=step,
-            output=stored,
-            blob=blob,
+            step=outcome.step,
+            output=outcome.output,
+            blob=outcome.blob,
             durable=durable,
         )
         if row is None:
-            raise self._lost(turn_id, epoch, f"outcome of step {step}")
+            raise self._lost(turn_id, epoch, f"outcome of step {outcome.step}")
 
     def _insert_step(
         self,
@@ -161,24 +185,33 @@ class JournalStore:
         replay: Replay | None,
         status: str,
         output: Any,
+        before: EncodedOutcome | None,
     ) -> None:
         stored, blob = self._store_payload(output) if status == "done" else (None, None)
         # the intent of a never tool is on disk before the call runs (see queries.sql)
         durable = status == "intent" and replay == "never"
+        params: dict[str, Any] = dict(
+            turn_id=turn_id,
+            epoch=epoch,
+            step=step,
+            kind=kind,
+            name=name,
+            input=dumps(input),
+            replay=replay,
+            status=status,
+            output=stored,
+            blob=blob,
+            durable=durable,
+        )
+        what = f"{status} of step {step}"
+        if before is not None:
+            if before.step != step - 1:
+                raise ValueError(f"the outcome of step {before.step} cannot go with step {step}")
+            params.update(before_output=before.output, before_blob=before.blob)
+            what = f"outcome of step {before.step} and {what}"
         try:
             row = self.db.one(
-                "insert_step",
-                turn_id=turn_id,
-                epoch=epoch,
-                step=step,
-                kind=kind,
-                name=name,
-                input=dumps(input),
-                replay=replay,
-                status=status,
-                output=stored,
-                blob=blob,
-                durable=durable,
+                "insert_step" if before is None else "finish_and_insert_step", **params
             )
         except psycopg.errors.UniqueViolation as error:
             raise LeaseLost(
@@ -186,7 +219,7 @@ class JournalStore:
                 f"(primary key (turn_id, step) rejected this {status})"
             ) from error
         if row is None:
-            raise self._lost(turn_id, epoch, f"{status} of step {step}")
+            raise self._lost(turn_id, epoch, what)
 
     def _store_payload(self, output: Any) -> tuple[str | None, str | None]:
         """JSON for the row, or (None, sha256) after moving a large payload into blobs."""
@@ -225,6 +258,7 @@ class ClaimedJournal:
         self.epoch = epoch
         self._steps = steps
         self._never_steps: set[int] = set()  # intents of never tools this claim wrote
+        self._held: EncodedOutcome | None = None  # an outcome written with the next write
 
     def steps(self) -> list[Step]:
         if self._steps is None:
@@ -234,7 +268,9 @@ class ClaimedJournal:
     def insert_intent(
         self, step: int, kind: Kind, name: str, input: dict[str, Any], replay: Replay | None
     ) -> None:
-        self.store.insert_intent(self.turn_id, self.epoch, step, kind, name, input, replay)
+        self.store.insert_intent(
+            self.turn_id, self.epoch, step, kind, name, input, replay, before=self._held_for(step)
+        )
         if replay == "never":
             self._never_steps.add(step)
 
@@ -247,10 +283,36 @@ class ClaimedJournal:
         replay: Replay | None,
         output: Any,
     ) -> None:
-        self.store.insert_done(self.turn_id, self.epoch, step, kind, name, input, replay, output)
+        self.store.insert_done(
+            self.turn_id,
+            self.epoch,
+            step,
+            kind,
+            name,
+            input,
+            replay,
+            output,
+            before=self._held_for(step),
+        )
 
     def record_outcome(self, step: int, output: Any) -> None:
-        # the outcome of a never call is on disk at once; any other may be lost with the
-        # last moments of a Postgres crash, and then runs again
-        durable = step in self._never_steps
-        self.store.record_outcome(self.turn_id, self.epoch, step, output, durable=durable)
+        # The outcome of a never call is on disk at once. Any other is held back and
+        # written with the next step (or by flush): a worker killed in between runs that
+        # call again, as it would if the call itself had been cut short.
+        self.flush()
+        if step in self._never_steps:
+            self.store.record_outcome(self.turn_id, self.epoch, step, output, durable=True)
+        else:
+            self._held = self.store.encode_outcome(step, output)
+
+    def flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            self.store.write_outcome(self.turn_id, self.epoch, held, durable=False)
+
+    def _held_for(self, step: int) -> EncodedOutcome | None:
+        """The held-back outcome, to go with the write of ``step`` when it is the step before."""
+        if self._held is not None and self._held.step != step - 1:
+            self.flush()
+        held, self._held = self._held, None
+        return held

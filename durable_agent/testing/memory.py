@@ -138,6 +138,9 @@ class MemoryJournal:
             epoch=self.epoch,
         )
 
+    def flush(self) -> None:
+        """Nothing to do: every write above is applied when it is made."""
+
     def _insert(
         self,
         write: Write,

@@ -223,3 +223,71 @@ def test_record_outcome_on_a_done_step_is_rejected(
         store.record_outcome(turn.turn_id, epoch, 0, {"content": "second"})
 
     assert [s.output for s in store.load_journal(turn.turn_id)] == [{"content": "first"}]
+
+
+def test_a_model_or_safe_outcome_goes_with_the_next_write_and_a_never_outcome_at_once(
+    pg: psycopg.Connection, store: JournalStore, leases: Leases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ClaimedJournal holds a model or safe outcome back and writes it in the statement of the
+    next step (one round trip for two rows); a never tool's outcome is written at once."""
+    turn = store.create_turn("s", "held")
+    journal = store.for_claim(turn.turn_id, _claim(leases, turn.turn_id), empty=True)
+    statements: list[str] = []
+    real_run = db_module._run
+
+    def count(conn: Any, query: Any, params: Any) -> Any:
+        statements.append(query.name)
+        return real_run(conn, query, params)
+
+    monkeypatch.setattr(db_module, "_run", count)
+    journal.insert_intent(0, "model", "llm", {}, "safe")
+    journal.record_outcome(0, {"message": "call send_email"})
+    assert [(r.step, r.status) for r in _rows(pg, turn.turn_id)] == [(0, "intent")]  # held
+    journal.insert_intent(1, "tool", "send_email", {"to": "a"}, "never")
+    assert [(r.step, r.status) for r in _rows(pg, turn.turn_id)] == [(0, "done"), (1, "intent")]
+    journal.record_outcome(1, {"content": "sent"})  # never: at once
+    assert _rows(pg, turn.turn_id)[1].status == "done"
+    journal.insert_intent(2, "model", "llm", {}, "safe")
+    journal.record_outcome(2, {"message": "done"})
+    journal.flush()
+    journal.flush()  # nothing left to write
+    monkeypatch.undo()
+
+    assert statements == [
+        "insert_step",
+        "finish_and_insert_step",
+        "finish_step",
+        "insert_step",
+        "finish_step",
+    ]
+    steps = store.load_journal(turn.turn_id)
+    assert [(s.step, s.status, s.output) for s in steps] == [
+        (0, "done", {"message": "call send_email"}),
+        (1, "done", {"content": "sent"}),
+        (2, "done", {"message": "done"}),
+    ]
+
+
+def test_a_held_outcome_is_fenced_with_the_write_it_goes_with(
+    pg: psycopg.Connection, store: JournalStore, leases: Leases
+) -> None:
+    """After a takeover, the old claim's next write fails and takes its held outcome with it:
+    neither row changes."""
+    turn = store.create_turn("s", "fenced held")
+    old = _claim(leases, turn.turn_id)
+    journal = store.for_claim(turn.turn_id, old, empty=True)
+    journal.insert_intent(0, "tool", "lookup_note", {}, "safe")
+    journal.record_outcome(0, {"content": "note"})
+    pg.execute(
+        "UPDATE turns SET lease_expires_at = now() - interval '1 second' WHERE turn_id = %(t)s",
+        {"t": turn.turn_id},
+    )
+    new = _claim(leases, turn.turn_id, owner="other-owner")
+
+    with pytest.raises(
+        LeaseLost,
+        match=f"outcome of step 0 and intent of step 1 rejected: this writer holds epoch {old}, "
+        f"the turn is at epoch {new}",
+    ):
+        journal.insert_intent(1, "model", "llm", {}, "safe")
+    assert [(r.step, r.status, r.output) for r in _rows(pg, turn.turn_id)] == [(0, "intent", None)]

@@ -133,6 +133,36 @@ WHERE j.turn_id = :turn_id AND j.turn_id = fence.turn_id AND j.step = :step
   AND j.status = 'intent'
 RETURNING j.step;
 
+-- name: finish_and_insert_step
+-- The outcome of step :step - 1 (a model call or a safe tool, held back by the writer) and
+-- the next step in one round trip: insert_step's fence, and the step before it done here.
+WITH flush AS (
+    SELECT set_config('synchronous_commit',
+                      CASE WHEN :durable THEN current_setting('synchronous_commit')
+                           ELSE 'off' END, true)
+),
+fence AS (
+    SELECT turn_id FROM turns, flush
+    WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running'
+    FOR SHARE OF turns
+),
+finished AS (
+    UPDATE journal AS j
+    SET status = 'done', output = CAST(:before_output AS jsonb), output_blob = :before_blob,
+        epoch = :epoch, finished_at = durable_agent_now()
+    FROM fence
+    WHERE j.turn_id = :turn_id AND j.turn_id = fence.turn_id AND j.step = :step - 1
+      AND j.status = 'intent'
+    RETURNING j.turn_id
+)
+INSERT INTO journal (turn_id, step, kind, name, input, replay, status, output, output_blob,
+                     epoch, created_at, finished_at)
+SELECT finished.turn_id, :step, :kind, :name, CAST(:input AS jsonb), :replay, :status,
+       CAST(:output AS jsonb), :blob, :epoch, durable_agent_now(),
+       CASE WHEN :status = 'done' THEN durable_agent_now() END
+FROM finished
+RETURNING step;
+
 -- name: insert_step_unfenced
 -- The two-workers eval only: a stale worker's intent without the epoch fence, to show that
 -- the primary key (turn_id, step) rejects it too.
