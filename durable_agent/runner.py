@@ -103,7 +103,7 @@ class StepRunner:
                     "did the system prompt or an earlier turn change?)",
                 )
             self.read_back.append(step)
-            return _canonical(row.output)
+            return _sorted(row.output)
         if row is None:
             self.guard.check()
             self.journal.insert_intent(step, "model", MODEL_STEP_NAME, intent, "safe")
@@ -301,6 +301,13 @@ def _uncertain_result(name: str, intent: dict[str, Any]) -> dict[str, Any]:
         ),
         "uncertain": True,
     }
+
+
+def _sorted(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A recorded value as the run that recorded it went on with it: keys sorted (Postgres
+    returns jsonb in an order of its own). It was made storable before it was recorded."""
+    result: dict[str, Any] = json.loads(dumps(recorded))
+    return result
 
 
 def _canonical(value: dict[str, Any]) -> dict[str, Any]:

@@ -20,18 +20,19 @@ import os
 import threading
 import urllib.parse
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import dict_row
+from psycopg.rows import args_row, dict_row
 
 from ..errors import ConfigurationError, InvalidArgument, ServiceUnavailable
 from .queries import Query, query
 
 Row = dict[str, Any]
+T = TypeVar("T")
 
 _SCHEMES = ("postgresql", "postgres")
 
@@ -95,11 +96,19 @@ class _Connected:
         self.conn.execute(sql.encode(), prepare=False)
 
 
-def _run(conn: psycopg.Connection[Row], q: Query, params: dict[str, Any]) -> list[Row]:
+def _run(
+    conn: psycopg.Connection[Row],
+    q: Query,
+    params: dict[str, Any],
+    make: Callable[..., Any] | None = None,
+) -> list[Any]:
     if params.keys() != q.parameters:
         raise TypeError(f"query {q.name} takes {sorted(q.parameters)}, got {sorted(params)}")
     try:
-        cursor = conn.execute(q.sql, params, prepare=True)
+        if make is None:
+            cursor: psycopg.Cursor[Any] = conn.execute(q.sql, params, prepare=True)
+        else:  # each row straight into make(*columns): no dict per row
+            cursor = conn.cursor(row_factory=args_row(make)).execute(q.sql, params, prepare=True)
     except (psycopg.DataError, psycopg.errors.ProgramLimitExceeded, UnicodeEncodeError) as error:
         # a value Postgres cannot take (too long for an index, not encodable...): the
         # caller's to fix, and retrying cannot help
@@ -159,14 +168,22 @@ class Database:
         a write that did commit before the connection died is refused the second time by
         the primary key or the epoch fence, never applied twice.
         """
-        q = query(name)
+        rows: list[Row] = self._send(query(name), params, None)
+        return rows
+
+    def records(self, name: str, make: Callable[..., T], /, **params: Any) -> list[T]:
+        """Like :meth:`run`, each row turned into ``make(*columns)`` (in the query's order)."""
+        records: list[T] = self._send(query(name), params, make)
+        return records
+
+    def _send(self, q: Query, params: dict[str, Any], make: Callable[..., Any] | None) -> Any:
         with self._lock:
             for attempt in (1, 2):
                 if self._conn is None or self._conn.closed:
                     self._conn = self._connect()
                 conn = self._conn
                 try:
-                    return _run(conn, q, params)
+                    return _run(conn, q, params, make)
                 except psycopg.OperationalError as error:
                     translated = translate(error, self.url)
                     if conn.broken or isinstance(translated, ServiceUnavailable):

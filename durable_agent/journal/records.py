@@ -33,8 +33,13 @@ class _Row:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Self:
-        names = [f.name for f in fields(cast(Any, cls))]
+        names = _FIELD_NAMES.get(cls)
+        if names is None:  # dataclasses.fields() is slow: a journal load calls this per row
+            names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cast(Any, cls)))
         return cls(**{name: row[name] for name in names if name in row})
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 @dataclass(frozen=True, slots=True)

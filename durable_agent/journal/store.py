@@ -114,7 +114,7 @@ class JournalStore:
 
     def load_journal(self, turn_id: str) -> list[Step]:
         """Every journal row of the turn, in step order: one query, blobs joined in."""
-        return [Step.from_row(row) for row in self.db.run("load_journal", turn_id=turn_id)]
+        return self.db.records("load_journal", Step, turn_id=turn_id)
 
     def insert_intent(
         self,

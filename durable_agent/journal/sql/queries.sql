@@ -82,7 +82,8 @@ WHERE turn_id = :turn_id AND status IN ('queued', 'running');
 -- ---------------------------------------------------------------------------------------
 
 -- name: load_journal
--- Every step of a turn in order, large outputs joined in from blobs.
+-- Every step of a turn in order, large outputs joined in from blobs. The columns are the
+-- fields of records.Step, in its order: each row is built as Step(*columns).
 SELECT j.turn_id, j.step, j.kind, j.name, j.input, j.replay, j.status,
        coalesce(j.output, b.data) AS output, j.epoch, j.created_at, j.finished_at,
        j.output_blob AS blob
