@@ -4,7 +4,7 @@ BIN    := $(VENV)/bin
 # The suite runs in three processes: most of its time is spent waiting on real workers.
 PYTEST_ARGS ?= -n 3 --dist worksteal
 
-.PHONY: install test test-compose unit lint format demo bench clean
+.PHONY: install test test-compose unit lint format demo bench bench-quick clean
 
 install: $(VENV)/.installed
 
@@ -37,7 +37,11 @@ demo: install
 	$(BIN)/durable-agent demo
 
 bench: install
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench --json bench-results.json
+
+# one round of each benchmark, tables up to 100,000 rows: a few minutes, for CI
+bench-quick: install
+	$(BIN)/python -m bench --quick --json bench-results.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

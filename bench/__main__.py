@@ -1,4 +1,5 @@
-"""``python -m bench [all|journal|recovery] [--json PATH]``: run the benchmarks, print tables."""
+"""``python -m bench [all|journal|throughput|resume|growth|recovery] [--quick] [--json PATH]``:
+run the benchmarks, print tables (``--quick``: one round of each, smaller sizes, for CI)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "which",
         nargs="?",
-        choices=("all", "journal", "throughput", "recovery"),
+        choices=("all", "journal", "throughput", "resume", "growth", "recovery"),
         default="all",
         help="the benchmark to run (default: all)",
     )
@@ -28,7 +29,14 @@ def main(argv: list[str] | None = None) -> int:
         "--reps", type=int, default=7, help="alternating repetitions per journal measure"
     )
     parser.add_argument("--runs", type=int, default=5, help="kills in the recovery benchmark")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one repetition of each measure, tables up to 100,000 rows (a smoke run for CI)",
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.reps, args.runs = 1, 1
     if args.reps < 1 or args.runs < 1:
         parser.error("--reps and --runs must be at least 1")
 
@@ -43,7 +51,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.which in ("all", "throughput"):
         from . import throughput
 
-        results["throughput"] = throughput.run(rounds=max(1, args.reps // 2))
+        if args.quick:
+            results["throughput"] = throughput.run(rounds=1, turns=20, latency_samples=5)
+        else:
+            results["throughput"] = throughput.run(rounds=max(1, args.reps // 2))
+    if args.which in ("all", "resume"):
+        from . import resume
+
+        results["resume"] = resume.run(reps=max(3, args.reps // 2) if not args.quick else 1)
+    if args.which in ("all", "growth"):
+        from . import growth
+
+        sizes = (0, 100_000) if args.quick else growth.SIZES
+        results["growth"] = growth.run(sizes=sizes, samples=1 if args.quick else growth.SAMPLES)
     if args.which in ("all", "recovery"):
         from . import recovery
 

@@ -42,6 +42,9 @@ CREATE INDEX turns_received_sends_idx ON turns (queue, enqueued_at)
     WHERE received_message_id = message_id;
 CREATE INDEX turns_receptions_idx ON turns (queue, received_at);
 CREATE INDEX turns_sends_idx ON turns (queue, enqueued_at);
+-- the open turns of a queue in the order they were sent (the sweeper's idle-queue probe)
+CREATE INDEX turns_open_by_queue_idx ON turns (queue, enqueued_at)
+    WHERE status IN ('queued', 'running');
 
 -- blobs: large payloads stored once by content; journal rows keep the hash.
 CREATE TABLE blobs (
