@@ -243,6 +243,28 @@ def test_a_message_behind_a_received_one_is_lost(
     assert sweeper.sweep_once() == []  # its new message is unreceived, but the newest
 
 
+def test_a_turn_resent_after_its_claim_expired_is_sent_again_if_that_message_is_lost(
+    runtime: Runtime, clock: DatabaseClock, leases: Leases, redis_client: redis.Redis
+) -> None:
+    """The chaos test found it: a worker died holding a turn, the sweeper re-sent it
+    ('claim expired', once per expiry), and Redis lost that message. The expired claim
+    still names the dead worker, and the turn was never looked at again."""
+    stuck = _send(runtime, clock, "s-stuck")
+    _receive(runtime, stuck)
+    assert isinstance(leases.claim(stuck, "dead-worker", 2.0), Claim)
+    clock.advance(2.1)
+    sweeper = runtime.sweeper()
+    assert sweeper.sweep_once() == [("s-stuck", stuck, "claim expired")]
+    redis_client.delete(runtime.settings.queue)  # Redis restarted empty
+    clock.advance(runtime.settings.lease_seconds + 1)
+    later = _send(runtime, clock, "s-later")
+    _receive(runtime, later)
+
+    assert sweeper.sweep_once() == [("s-stuck", stuck, "message lost")]
+    assert queued_turns(redis_client, runtime.settings.queue) == [("s-stuck", stuck)]
+    assert sweeper.sweep_once() == []
+
+
 def test_an_idle_queue_gets_one_probe_per_requeue_after(
     runtime: Runtime, clock: DatabaseClock, redis_client: redis.Redis
 ) -> None:

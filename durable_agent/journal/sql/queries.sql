@@ -294,6 +294,8 @@ SELECT pg_try_advisory_xact_lock(:key);
 --   queue idle           nothing was sent to or received from its queue for requeue_after:
 --                        the oldest unreceived turn is sent again, as a probe (one per queue
 --                        per requeue_after)
+-- Only turns no live claim holds are looked at: an expired claim counts as none, so a turn
+-- re-sent after its claim expired is sent again if that message is lost too.
 -- A turn waiting for an earlier turn of its session is not due: that turn's end sends it.
 -- Cost: one pass over the open turns, the queue figures once per queue, and the session
 -- order checked (an index probe) on the due turns in order only until a batch is found
@@ -313,7 +315,8 @@ probes AS MATERIALIZED (
     FROM queues AS q CROSS JOIN LATERAL (
         SELECT w.turn_id FROM turns AS w
         WHERE w.queue = q.queue AND w.status IN ('queued', 'running')
-          AND w.lease_owner IS NULL AND w.message_id IS NOT NULL
+          AND (w.lease_owner IS NULL OR w.lease_expires_at <= durable_agent_now())
+          AND w.message_id IS NOT NULL
           AND w.received_message_id IS DISTINCT FROM w.message_id
           AND (w.not_before IS NULL OR w.not_before <= durable_agent_now())
           AND durable_agent_open_before(w.session_id, w.seq) IS NULL
@@ -335,13 +338,12 @@ due AS (
                THEN 'claim expired'
              WHEN c.not_before IS NOT NULL AND c.enqueued_at < c.not_before
                THEN 'deferral due'
-             WHEN c.lease_owner IS NULL AND c.status = 'queued'
-                  AND c.received_message_id = c.message_id
+             WHEN c.received_message_id = c.message_id
                   AND (c.received_by = ANY(CAST(:dead_receivers AS text[]))
                        OR c.received_at <= durable_agent_now() - make_interval(secs => :lease))
                   AND c.received_at >= c.updated_at
                THEN 'receiver died'
-             WHEN c.lease_owner IS NULL AND c.message_id IS NOT NULL
+             WHEN c.message_id IS NOT NULL
                   AND c.received_message_id IS DISTINCT FROM c.message_id
                   AND c.enqueued_at < q.received_upto - make_interval(secs => :lease)
                THEN 'message lost'
