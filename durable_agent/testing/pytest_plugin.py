@@ -13,6 +13,7 @@ test suite of an environment that has durable-agent; ``-p no:durable_agent`` tur
 ``crash_matrix``            ``crash_matrix(scenario, **options)``: the whole crash matrix of
                             a :class:`~durable_agent.testing.Scenario`; fails the test with
                             the table unless every point meets the targets; returns the report
+                            (``settings=`` another Settings, e.g. a real model endpoint)
 
 Example::
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -83,7 +85,13 @@ def durable_workers(
     def start(
         count: int = 1, pool: str = "solo", settings: Settings | None = None, **env: str
     ) -> list[WorkerProcess]:
-        environment = {**settings_env(settings or durable_agent_settings), **env}
+        # the workers import your modules as this process does (the current folder first)
+        path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+        environment = {
+            "PYTHONPATH": path,
+            **settings_env(settings or durable_agent_settings),
+            **env,
+        }
         batch = []
         for _ in range(count):
             name = f"worker{len(started) + 1}"
@@ -108,14 +116,18 @@ def crash_matrix(durable_agent_settings: Settings, tmp_path: Path) -> Callable[.
     options are those of :func:`durable_agent.evals.crash_matrix.run_scenario`
     (``only=[("send_email", "after_run")]``, ``relabel={...}``, ``pool="prefork"``...)."""
 
-    def run(scenario: Scenario | Callable[[], Scenario] | str, **options: Any) -> MatrixReport:
+    def run(
+        scenario: Scenario | Callable[[], Scenario] | str,
+        settings: Settings | None = None,
+        **options: Any,
+    ) -> MatrixReport:
         from durable_agent.evals.crash_matrix import run_scenario, why
         from durable_agent.testing.scenario import load_scenario
 
         loaded = load_scenario(scenario)
         options.setdefault("work_dir", tmp_path)
         options.setdefault("services_from_settings", True)
-        report = run_scenario(durable_agent_settings, loaded, **options)
+        report = run_scenario(settings or durable_agent_settings, loaded, **options)
         if not report.passed:
             failures = "\n".join(
                 f"  step {p.step} {p.point} ({p.call}): {why(p)}" for p in report.failures

@@ -95,7 +95,9 @@ def test_plugin_fails_the_test_with_the_table(
 
 
 @pytest.mark.timeout(240)
-def test_plan_then_act_loop_passes_the_crash_matrix(crash_matrix: Callable[..., Any]) -> None:
+def test_plan_then_act_loop_passes_the_crash_matrix(
+    crash_matrix: Callable[..., Any], durable_agent_settings: Settings
+) -> None:
     """A loop that is not ours in shape (plan as JSON, act, re-plan, report), written on the
     public API: the never tool's two points, a plan and a re-plan interrupted after the model
     answered. (`durable-agent eval crash-matrix --scenario
@@ -119,3 +121,85 @@ def test_plan_then_act_loop_passes_the_crash_matrix(crash_matrix: Callable[..., 
     ]
     assert all(p.effects == {"send_email": 1} and p.same_reply for p in report.points)
     assert report.points[0].repeated_interrupted == 1  # the plan in flight ran once more
+
+    # a turn of the loop replays from its journal alone, with the model switched off
+    from durable_agent.replay import replay_turn
+    from durable_agent.runtime import Runtime
+
+    runtime = Runtime(
+        durable_agent_settings.model_copy(
+            update={"tools": "durable_agent_examples.email_tools,durable_agent_examples.plan_act"}
+        )
+    )
+    try:
+        replayed = replay_turn(runtime, report.points[2].turn_id)
+    finally:
+        runtime.close()
+    assert replayed.ok and replayed.model_calls == 0, replayed.describe()
+
+
+def test_plugin_fixtures_run_a_turn_of_the_users_agent(
+    scripted_model: Callable[..., Any],
+    smtp_inbox: Any,
+    durable_workers: Callable[..., Any],
+    durable_agent_settings: Settings,
+    user_app: Path,
+    tmp_path: Path,
+) -> None:
+    """scripted_model, smtp_inbox and durable_workers: a user's own end-to-end test."""
+    from giftshop.policies import by_model
+
+    from durable_agent import start_turn, wait_for_turn
+
+    model = scripted_model(by_model)
+    settings = durable_agent_settings.model_copy(
+        update={
+            "openai_base_url": model.base_url,
+            "tools": "giftshop.tools",
+            "agents": "giftshop.agents",
+        }
+    )
+    ledger = tmp_path / "ledger.txt"
+    durable_workers(settings=settings, GIFTSHOP_LEDGER=str(ledger), SMTP_URL=smtp_inbox.smtp_url)
+
+    voucher = start_turn(
+        "c-9", "Give customer c-9 a voucher of 100 cents.", agent="vouchers", settings=settings
+    )
+    note = start_turn(
+        "n-1", "Email the note 'offsite' to eve@example.com", agent="support", settings=settings
+    )
+
+    assert wait_for_turn(voucher, 60, settings=settings).reply == (
+        "Issued a voucher of 100 cents to c-9."
+    )
+    assert wait_for_turn(note, 60, settings=settings).status == "done"
+    assert ledger.read_text().split()[:2] == ["c-9", "100"]
+    assert [m.subject for m in smtp_inbox.messages] == ["Note: offsite"]
+
+
+@pytest.mark.timeout(240)
+def test_scenario_against_a_real_endpoint(
+    crash_matrix: Callable[..., Any],
+    scripted_model: Callable[..., Any],
+    durable_agent_settings: Settings,
+    user_app: Path,
+) -> None:
+    """policy=None runs the scenario against the configured endpoint (here a server the
+    matrix does not control): effects and outcomes count, repeats are not claimed."""
+    from dataclasses import replace
+
+    from giftshop.policies import vouchers
+
+    from durable_agent.testing import load_scenario
+
+    endpoint = scripted_model(vouchers)
+    settings = durable_agent_settings.model_copy(update={"openai_base_url": endpoint.base_url})
+    scenario = replace(load_scenario("giftshop.scenarios:vouchers"), policy=None)
+
+    report = crash_matrix(scenario, settings=settings, only=[("issue_voucher", "after_run")])
+
+    assert not report.scripted and report.clean_model_requests is None
+    assert [(p.step, p.effects, p.model_requests) for p in report.points] == [
+        (3, {"issue_voucher": 1}, None)
+    ]
+    assert endpoint.request_count > 0
