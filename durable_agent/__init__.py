@@ -5,6 +5,7 @@ turn reads finished calls back instead of running them again, and every tool car
 required replay label: ``safe`` (may run again) or ``never`` (never runs twice).
 """
 
+from .agents import Agent
 from .client import get_turn, start_turn, wait_for_turn
 from .context import CallContext, current_call, still_claimed
 from .errors import (
@@ -21,16 +22,19 @@ from .errors import (
     TurnNotFound,
 )
 from .journal import Step, Turn, TurnStatus
+from .loop import Loop, TurnContext
 from .runtime import Runtime, runtime_for
 from .settings import Settings
 from .tools import Tool, tool
 
 __all__ = [
+    "Agent",
     "CallContext",
     "ConfigurationError",
     "DurableAgentError",
     "InvalidArgument",
     "LeaseLost",
+    "Loop",
     "ModelUnavailable",
     "ReplayDiverged",
     "Runtime",
@@ -41,6 +45,7 @@ __all__ = [
     "Tool",
     "ToolDefinitionError",
     "Turn",
+    "TurnContext",
     "TurnFailed",
     "TurnNotFound",
     "TurnStatus",

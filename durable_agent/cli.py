@@ -55,10 +55,18 @@ def cmd_migrate(runtime: Runtime, args: argparse.Namespace) -> int:
 def cmd_worker(runtime: Runtime, args: argparse.Namespace) -> int:
     from celery import signals
 
-    settings = runtime.settings
+    if args.agent:
+        served = ",".join(dict.fromkeys(name for group in args.agent for name in group))
+        runtime = Runtime(runtime.settings.model_copy(update={"serve_agents": served}))
     runtime.check_worker_start()
-    labels = ", ".join(f"{t.name} ({t.replay})" for t in runtime.tools)
-    print(f"durable-agent worker: queue {settings.queue!r}, tools: {labels}", file=sys.stderr)
+    for agent in runtime.agents:
+        if runtime.agents.serves(agent.name):
+            labels = ", ".join(f"{t.name} ({t.replay})" for t in agent.tools) or "none"
+            print(
+                f"durable-agent worker: agent {agent.name!r} on queue {agent.queue!r}, "
+                f"model {agent.model}, tools: {labels}",
+                file=sys.stderr,
+            )
     argv = worker_argv(runtime.queues, args.loglevel, args.celery_args)
     # worker_main() drops the worker's exit code; a worker that stops on an unrecoverable
     # error must exit non-zero, so that a supervisor restarts it.
@@ -130,7 +138,7 @@ def cmd_submit(runtime: Runtime, args: argparse.Namespace) -> int:
     if args.turn_id is not None:
         check_id("turn_id", args.turn_id)
     runtime.require_schema()
-    print(runtime.start_turn(args.session, args.message, turn_id=args.turn_id))
+    print(runtime.start_turn(args.session, args.message, turn_id=args.turn_id, agent=args.agent))
     return 0
 
 
@@ -152,15 +160,16 @@ def cmd_wait(runtime: Runtime, args: argparse.Namespace) -> int:
 def cmd_journal(runtime: Runtime, args: argparse.Namespace) -> int:
     check_id("turn_id", args.turn_id)
     runtime.require_schema()
-    runtime.get_turn(args.turn_id)  # an unknown id is an error, not an empty journal
+    turn = runtime.get_turn(args.turn_id)  # an unknown id is an error, not an empty journal
     steps = runtime.journal.load_journal(args.turn_id)
     if args.json:
         print(json.dumps([s.as_json() for s in steps], indent=2, ensure_ascii=False))
     else:
         from .console import out
-        from .tables import journal_table
+        from .tables import agent_line, journal_table
 
         out.print(journal_table(steps, title=f"journal of {args.turn_id}"))
+        out.print(agent_line(turn), markup=False, highlight=False)
     return 0
 
 
@@ -229,6 +238,13 @@ def _count(text: str) -> int:
     return value
 
 
+def _names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"wants agent names, got {text!r}")
+    return names
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="durable-agent",
@@ -246,6 +262,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = add("worker", cmd_worker, "run a Celery worker for turns (extra args go to Celery)")
     worker.add_argument("--loglevel", default="INFO")
+    worker.add_argument(
+        "--agent",
+        action="append",
+        type=_names,
+        default=[],
+        metavar="NAME",
+        help="serve this agent (repeatable, or comma-separated; default: every agent defined); "
+        "a worker serves every agent of the queues it consumes",
+    )
 
     add("sweep", cmd_sweep, "one sweeper pass: enqueue turns whose message was lost")
 
@@ -258,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit = add("submit", cmd_submit, "record a turn and enqueue it; prints the turn id")
     submit.add_argument("--session", required=True, help="the conversation this turn belongs to")
     submit.add_argument("--turn-id", default=None, help="your own id, to make retries idempotent")
+    submit.add_argument("--agent", default=None, help="the agent to run it (default: 'default')")
     submit.add_argument("message", help="the user's message")
 
     wait = add("wait", cmd_wait, "wait for a turn; print its reply (exit 0 only when done)")

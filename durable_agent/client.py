@@ -18,15 +18,17 @@ def start_turn(
     message: str,
     *,
     turn_id: str | None = None,
+    agent: str | None = None,
     settings: Settings | None = None,
 ) -> str:
-    """Record a turn in Postgres, then enqueue it; returns the turn id.
+    """Record a turn of ``agent`` (the environment's ``default`` agent when None) in
+    Postgres, then enqueue it on the agent's queue; returns the turn id.
 
     The turn is durable once this returns, even if the broker is down: the sweeper
     enqueues turns that were recorded but never sent. Passing your own ``turn_id`` makes a
     retried call return the same turn instead of creating a second one.
     """
-    return runtime_for(settings).start_turn(session_id, message, turn_id=turn_id)
+    return runtime_for(settings).start_turn(session_id, message, turn_id=turn_id, agent=agent)
 
 
 def get_turn(turn_id: str, *, settings: Settings | None = None) -> Turn:

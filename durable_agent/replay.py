@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .agent import initial_messages, run_agent
 from .errors import DurableAgentError, TurnFailed
 from .journal.records import Kind, Replay, Step
+from .loop import run_loop
 from .model import ModelSwitchedOff
 from .runner import StepRunner
 from .tools import ToolRegistry
@@ -116,6 +116,11 @@ def replay_turn(runtime: Runtime, turn_id: str) -> ReplayReport:
             f"turn {turn_id} is {turn.status}: only a done turn has a reply to replay"
         )
     journal = store.load_journal(turn_id)
+    agent = runtime.agents.get(turn.agent)
+    if agent is None:
+        raise DurableAgentError(
+            f"turn {turn_id} belongs to agent {turn.agent!r}, which no module here defines"
+        )
     inert = ToolRegistry()  # no tool can run: every tool step must be read back
     model = ModelSwitchedOff()
     runner = StepRunner(
@@ -125,15 +130,13 @@ def replay_turn(runtime: Runtime, turn_id: str) -> ReplayReport:
         max_steps=max(settings.max_steps, len(journal) + 1),
         strict=True,
     )
-    messages = initial_messages(
-        settings.system_prompt, store.session_history(turn.session_id, turn.seq), turn.message
-    )
+    history = store.session_history(turn.session_id, turn.seq)
+    # the agent's tool schemas (its requests must be the recorded ones), none of its tools
+    ctx = agent.context(runner, model, turn, history)
     reply: str | None = None
     reason: str | None = None
     try:
-        reply = run_agent(
-            runner, model=settings.model, tools=inert, messages=messages, call_model=model
-        )
+        reply = run_loop(agent.loop, ctx)
     except TurnFailed as error:
         reason = str(error)
     diverged_at = None if reason is None else max(runner.next_step - 1, 0)

@@ -25,11 +25,12 @@ from .errors import ConfigurationError, InvalidArgument, ServiceUnavailable
 from .inputs import check_id, check_message, check_timeout
 from .journal import Database, JournalStore, Leases, Turn, TurnStatus, require_current
 from .settings import Settings, load_settings
-from .tools import ToolRegistry, load_tools
+from .tools import ToolRegistry, import_module, load_tools
 
 if TYPE_CHECKING:
     from celery import Celery
 
+    from .agents import AgentBook
     from .model import ModelClient
     from .outage import Outage
     from .sweeper import Sweeper
@@ -99,10 +100,38 @@ class Runtime:
         if self._given_tools is not None:
             return self._given_tools
         labels = self.settings.label_overrides
-        registry = load_tools(self.settings.tool_modules, labels)
+        registry = load_tools(self._modules(), labels)
         for name, label in labels.items():
             log.warning("tool %s relabelled %r by DURABLE_AGENT_TOOL_LABELS", name, label)
         return registry
+
+    def _modules(self) -> list[str]:
+        """The user's modules: the tools modules, then the agents modules."""
+        names = self.settings.tool_modules + self.settings.agent_modules
+        return list(dict.fromkeys(names))
+
+    @property
+    def agents(self) -> AgentBook:
+        """The agents of the user's modules plus ``default`` (the environment's), and the
+        ones this process's workers serve (``DURABLE_AGENT_SERVE_AGENTS``)."""
+        return self._part("agents", self._load_agents)
+
+    def _load_agents(self) -> AgentBook:
+        from .agent import chat_completions
+        from .agents import DEFAULT_AGENT, Agent, AgentBook, bind, find_agents
+
+        registry = self.tools
+        defined = find_agents(import_module(name) for name in self._modules())
+        if not any(a.name == DEFAULT_AGENT for a in defined):
+            defined.append(Agent(DEFAULT_AGENT))
+        bound = [bind(a, self.settings, registry, chat_completions) for a in defined]
+        for agent in bound:
+            if agent.name == DEFAULT_AGENT and agent.queue != self.settings.queue:
+                raise ConfigurationError(
+                    f"the agent named {DEFAULT_AGENT!r} uses the queue of DURABLE_AGENT_QUEUE "
+                    f"({self.settings.queue!r}), not {agent.queue!r}"
+                )
+        return AgentBook(bound, serve=self.settings.served_agents)
 
     @property
     def model(self) -> ModelClient:
@@ -148,8 +177,9 @@ class Runtime:
         the model endpoint configured.
         """
         self.require_schema()
-        worker = self.turn_worker()
-        if not len(worker.tools):
+        self.turn_worker()
+        self.agents  # noqa: B018 (a bad agent definition fails the start)
+        if not len(self.tools):
             where = ", ".join(self.settings.tool_modules) or "(DURABLE_AGENT_TOOLS is empty)"
             raise ConfigurationError(
                 f"no tools: the tools module(s) {where} define no @tool; "
@@ -160,8 +190,9 @@ class Runtime:
 
     @property
     def queues(self) -> list[str]:
-        """The queues this runtime's workers serve: a turn of another queue is handed back."""
-        return [self.settings.queue]
+        """The queues this runtime's workers serve (those of the agents they serve): a turn
+        of another queue is handed back."""
+        return self.agents.queues
 
     def enqueue(self, session_id: str, turn_id: str, queue: str = "") -> None:
         """Send ``run_turn(session_id, turn_id)`` to the turn's queue (``""``: this
@@ -176,8 +207,16 @@ class Runtime:
             self.journal.unmark_sent(turn_id, message_id)
             raise
 
-    def start_turn(self, session_id: str, message: str, *, turn_id: str | None = None) -> str:
-        """Record a turn in Postgres, then enqueue it; returns the turn id.
+    def start_turn(
+        self,
+        session_id: str,
+        message: str,
+        *,
+        turn_id: str | None = None,
+        agent: str | None = None,
+    ) -> str:
+        """Record a turn of ``agent`` (``default`` when None) in Postgres, then enqueue it
+        on the agent's queue; returns the turn id.
 
         The turn is durable once this returns, even if the broker is down: the sweeper
         enqueues turns that were recorded but never sent. Passing your own ``turn_id`` makes
@@ -187,8 +226,9 @@ class Runtime:
         check_message(message, self.settings.max_message_bytes)
         if turn_id is not None:
             check_id("turn_id", turn_id)
+        name, queue = self.agent_queue(agent)
         turn = self.journal.create_turn(
-            session_id, message, turn_id=turn_id, queue=self.settings.queue
+            session_id, message, turn_id=turn_id, queue=queue, agent=name
         )
         if turn.status in (TurnStatus.QUEUED, TurnStatus.RUNNING):
             try:
@@ -198,6 +238,15 @@ class Runtime:
                     "turn %s is recorded; %s; the sweeper will enqueue it", turn.turn_id, error
                 )
         return turn.turn_id
+
+    def agent_queue(self, agent: str | None) -> tuple[str, str]:
+        """(name, queue) of the agent a new turn belongs to; ``default`` (None) needs no
+        module loaded: its queue is ``DURABLE_AGENT_QUEUE``."""
+        from .agents import DEFAULT_AGENT, check_agent_name
+
+        if agent is None or agent == DEFAULT_AGENT:
+            return DEFAULT_AGENT, self.settings.queue
+        return agent, self.agents[check_agent_name(agent)].queue
 
     def get_turn(self, turn_id: str) -> Turn:
         """The turn as recorded now; raises TurnNotFound for an unknown id."""

@@ -31,6 +31,14 @@ class Settings(BaseSettings):
     broker_url: str = "redis://127.0.0.1:6379/0"
     queue: str = "durable-agent"
     tools: str = Field(default="", description="comma-separated modules that define the tools")
+    agents: str = Field(
+        default="",
+        description="comma-separated modules that define agents (besides the tools modules)",
+    )
+    serve_agents: str = Field(
+        default="",
+        description="comma-separated agents a worker serves (empty: every agent it knows)",
+    )
     tool_labels: str = Field(
         default="",
         description="override labels, e.g. 'send_email=safe': only to show what a wrong label does",
@@ -106,6 +114,14 @@ class Settings(BaseSettings):
     @property
     def tool_modules(self) -> list[str]:
         return [name.strip() for name in self.tools.split(",") if name.strip()]
+
+    @property
+    def agent_modules(self) -> list[str]:
+        return [name.strip() for name in self.agents.split(",") if name.strip()]
+
+    @property
+    def served_agents(self) -> list[str]:
+        return [name.strip() for name in self.serve_agents.split(",") if name.strip()]
 
     @property
     def label_overrides(self) -> dict[str, str]:

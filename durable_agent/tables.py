@@ -23,19 +23,41 @@ def journal_table(steps: Sequence[Step], title: str = "journal") -> Table:
 
 def turns_table(turns: Sequence[Turn]) -> Table:
     table = Table(title="turns", title_justify="left")
-    for column in ("turn", "session", "#", "status", "attempts", "crashes", "reply / error"):
+    for column in (
+        "turn",
+        "session",
+        "#",
+        "agent",
+        "status",
+        "attempts",
+        "crashes",
+        "reply / error",
+    ):
         table.add_column(column, overflow="fold")
     for t in turns:
         text = t.reply if t.status == "done" else (t.error or "")
+        if t.agent_changes:
+            text = f"{text} [resumed under a changed agent: {t.agent_changes}]"
         text = " ".join((text or "").split())
         cells = (
             t.turn_id,
             t.session_id,
             str(t.seq),
+            t.agent,
             str(t.status),
             str(t.attempts),
             str(t.crashes),
-            text[:80],
+            text[:200] if t.agent_changes else text[:80],
         )
         table.add_row(*(Text(printable(cell)) for cell in cells))
     return table
+
+
+def agent_line(turn: Turn) -> str:
+    """The agent a turn belongs to, its digest, and what changed if it resumed under
+    another version of it."""
+    digest = f" (digest {turn.agent_digest[:12]})" if turn.agent_digest else " (not run yet)"
+    line = printable(f"agent {turn.agent}{digest}")
+    if turn.agent_changes:
+        line += printable(f"; resumed under a changed agent: {turn.agent_changes}")
+    return line

@@ -291,7 +291,7 @@ def load_tools(module_names: Iterable[str], labels: dict[str, str] | None = None
     """Import the named modules and collect the tools they define (labels overridden)."""
     registry = ToolRegistry()
     for module_name in module_names:
-        module = _import(module_name)
+        module = import_module(module_name)
         for value in vars(module).values():
             if isinstance(value, Tool):
                 registry.add(value)
@@ -303,14 +303,14 @@ def load_tools(module_names: Iterable[str], labels: dict[str, str] | None = None
     return registry
 
 
-def _import(module_name: str) -> ModuleType:
+def import_module(module_name: str) -> ModuleType:
     try:
         return importlib.import_module(module_name)
     except ToolDefinitionError:
         raise
     except ModuleNotFoundError as error:
         raise ConfigurationError(
-            f"cannot import tools module {module_name!r} (DURABLE_AGENT_TOOLS): {error}"
+            f"cannot import tools module {module_name!r} (DURABLE_AGENT_TOOLS or _AGENTS): {error}"
         ) from error
     except Exception as error:
         raise ConfigurationError(

@@ -1,9 +1,10 @@
 """The Celery tasks of a runtime: what an application sends, what a worker runs.
 
 ``run_turn(session_id, turn_id)`` runs a turn the application recorded (``start_turn`` does
-both). ``agent_turn(session_id, message, turn_id=None)`` takes the message itself, for an
-application that only uses ``.delay()``: it records the turn on its first delivery, then
-runs it. ``sweep()`` is one sweeper pass, for ``celery beat``.
+both). ``agent_turn(session_id, message, turn_id=None, agent=None)`` takes the message
+itself, for an application that only uses ``.delay()``: it is sent to the agent's queue,
+records the turn on its first delivery, then runs it. ``sweep()`` is one sweeper pass, for
+``celery beat``.
 
 Calling ``run_turn.delay()`` or ``agent_turn.delay()`` checks the arguments in the caller's
 process, so a mistake (a message where a turn id belongs, an over-long id) is an exception
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery, Task
 from celery.result import AsyncResult
 
+from .agents import check_agent_name
 from .errors import (
     DurableAgentError,
     InvalidArgument,
@@ -85,6 +87,8 @@ class AgentTurnTask(TurnTask):
         except ValueError as error:
             raise InvalidArgument(str(error)) from None
         check_message(list(args or ())[1], self.runtime.settings.max_message_bytes)
+        _, queue = self.runtime.agent_queue((kwargs or {}).get("agent"))
+        options.setdefault("queue", queue)
         return super().apply_async(args, kwargs, **options)
 
 
@@ -102,11 +106,19 @@ def register_tasks(app: Celery, runtime: Runtime) -> None:
         """Claim the turn in Postgres and run it; step aside if someone else holds it."""
         return handle_delivery(runtime, turn_id)
 
-    def agent_turn(self: Task, session_id: str, message: str, turn_id: str | None = None) -> str:
-        """Record the turn (once: the turn id is the message's unless given), then run it."""
+    def agent_turn(
+        self: Task,
+        session_id: str,
+        message: str,
+        turn_id: str | None = None,
+        agent: str | None = None,
+    ) -> str:
+        """Record the turn of ``agent`` (once: the turn id is the message's unless given),
+        then run it."""
         turn_id = turn_id or "turn_" + str(self.request.id).replace("-", "")
+        name, queue = runtime.agent_queue(agent)
         turn = runtime.journal.create_turn(
-            session_id, message, turn_id=turn_id, queue=runtime.settings.queue
+            session_id, message, turn_id=turn_id, queue=queue, agent=name
         )
         return handle_delivery(runtime, turn.turn_id)
 
@@ -214,10 +226,10 @@ def _check_run_turn(args: list[Any], kwargs: dict[str, Any]) -> None:
 
 
 def _check_agent_turn(args: list[Any], kwargs: dict[str, Any]) -> None:
-    unknown = sorted(set(kwargs) - {"turn_id"})
-    if unknown or not 2 <= len(args) + len(kwargs) <= 3 or len(args) != 2:
+    unknown = sorted(set(kwargs) - {"turn_id", "agent"})
+    if unknown or len(args) != 2:
         raise ValueError(
-            "agent_turn takes (session_id, message, turn_id=None), got "
+            "agent_turn takes (session_id, message, turn_id=None, agent=None), got "
             f"{len(args)} argument(s) and keywords {sorted(kwargs)[:5]}"
         )
     try:
@@ -226,6 +238,8 @@ def _check_agent_turn(args: list[Any], kwargs: dict[str, Any]) -> None:
             raise InvalidArgument("message must be non-empty text with no NUL")
         if kwargs.get("turn_id") is not None:
             check_id("turn_id", kwargs["turn_id"])
+        if kwargs.get("agent") is not None:
+            check_agent_name(kwargs["agent"])
     except InvalidArgument as error:
         raise ValueError(str(error)) from None
 

@@ -15,21 +15,23 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from .agent import initial_messages, run_agent
+from .agents import BoundAgent, changes
 from .errors import LeaseLost, ModelUnavailable, ServiceUnavailable, TurnFailed
 from .faults import Faults
 from .heartbeat import Heartbeat
 from .journal import Refusal, worker_identity
 from .journal.records import Claim
+from .loop import run_loop
 from .redact import redact
 from .runner import StepRunner
-from .tools import ToolRegistry
 
 if TYPE_CHECKING:
     from .journal.store import ClaimedJournal
     from .runtime import Runtime
 
 log = logging.getLogger(__name__)
+
+UNKNOWN_AGENT_RETRY_SECONDS = 30.0
 
 
 class Outcome(StrEnum):
@@ -63,7 +65,6 @@ class TurnWorker:
         self,
         runtime: Runtime,
         *,
-        tools: ToolRegistry | None = None,
         model: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         faults: Faults | None = None,
     ) -> None:
@@ -71,7 +72,7 @@ class TurnWorker:
         self.settings = runtime.settings
         self.store = runtime.journal
         self.leases = runtime.leases
-        self.tools = tools if tools is not None else runtime.tools
+        self.agents = runtime.agents
         self.model = model if model is not None else runtime.model
         self.faults = faults if faults is not None else Faults.from_env()
 
@@ -89,9 +90,46 @@ class TurnWorker:
             return delivery
         if claim.turn.crashes >= self.settings.max_crashes:
             return self._give_up(claim)
-        return self._run(claim)
+        agent = self.agents.get(claim.turn.agent)
+        if agent is None or not self.agents.serves(agent.name):
+            return self._not_served(claim)
+        return self._run(claim, agent)
 
-    def _run(self, claim: Claim) -> Delivery:
+    def _not_served(self, claim: Claim) -> Delivery:
+        """A turn of an agent this worker does not define (or serve): given back, to be
+        sent again after a while, without counting as a crash."""
+        turn = claim.turn
+        if self.agents.get(turn.agent) is None:
+            why = (
+                f"no agent named {turn.agent!r} is defined in this worker's modules "
+                f"(known: {', '.join(self.agents.names())}); waiting for a worker that has it"
+            )
+        else:
+            why = f"agent {turn.agent!r} is not served by this worker; waiting for one that is"
+        log.warning("turn %s: %s", turn.turn_id, why)
+        self.leases.release(turn.turn_id, claim.epoch, UNKNOWN_AGENT_RETRY_SECONDS, why)
+        return Delivery(turn.turn_id, Outcome.DEFERRED, why)
+
+    def _note_agent(self, claim: Claim, agent: BoundAgent) -> None:
+        """Record the agent's digest the first time; report a changed agent after."""
+        turn = claim.turn
+        digest = agent.digest
+        if turn.agent_digest == digest and turn.agent_changes is None:
+            return
+        changed = None
+        if turn.agent_digest is not None and turn.agent_digest != digest:
+            changed = "; ".join(changes(turn.agent_spec or {}, agent.spec())) or "digest changed"
+            log.warning(
+                "turn %s resumes under a changed agent %r (digest %s -> %s): %s",
+                turn.turn_id,
+                agent.name,
+                turn.agent_digest[:12],
+                digest[:12],
+                changed,
+            )
+        self.store.record_turn_agent(turn.turn_id, claim.epoch, digest, agent.spec(), changed)
+
+    def _run(self, claim: Claim, agent: BoundAgent) -> Delivery:
         turn = claim.turn
         settings = self.settings
         delivery = Delivery(turn.turn_id, Outcome.DONE)
@@ -100,23 +138,18 @@ class TurnWorker:
         journal = self.store.for_claim(turn.turn_id, claim.epoch, empty=claim.epoch == 1)
         with Heartbeat(self.leases, turn.turn_id, claim.epoch, settings.lease_seconds) as beat:
             try:
+                self._note_agent(claim, agent)
                 runner = StepRunner(
                     journal,
-                    tools=self.tools,
+                    tools=agent.tools,
                     guard=beat,
                     faults=self.faults,
-                    max_steps=settings.max_steps,
+                    max_steps=agent.max_steps,
                 )
                 # the first turn of a session has no history: none is read then
                 history = self.store.session_history(turn.session_id, turn.seq) if turn.seq else []
-                messages = initial_messages(settings.system_prompt, history, turn.message)
-                reply = run_agent(
-                    runner,
-                    model=settings.model,
-                    tools=self.tools,
-                    messages=messages,
-                    call_model=self.model,
-                )
+                ctx = agent.context(runner, self.model, turn, history)
+                reply = run_loop(agent.loop, ctx)
                 beat.check()
                 journal.flush()
                 ended = self.leases.finish(turn.turn_id, claim.epoch, reply)

@@ -271,3 +271,23 @@ def start_worker(tmp_path: Path) -> Iterator:
     yield start
     for worker in started:
         worker.stop(timeout=5)
+
+
+@pytest.fixture
+def durable_agent_settings(settings: Settings) -> Settings:
+    """The pytest plugin's fixtures (crash_matrix, durable_workers) use this test's database,
+    as a user points them at theirs."""
+    return settings
+
+
+USER_APP = Path(__file__).parent / "user_app"
+"""A user's application (giftshop), written against the documented API only."""
+
+
+@pytest.fixture
+def user_app(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run from the user's project folder, as its authors do: its modules importable here
+    and in the workers the crash matrix starts (they get the current folder on their path)."""
+    monkeypatch.chdir(USER_APP)
+    monkeypatch.syspath_prepend(str(USER_APP))
+    return USER_APP

@@ -16,7 +16,7 @@ from ..console import err, out
 from ..errors import DurableAgentError
 from ..journal.db import describe_url
 from ..settings import Settings
-from .crash_matrix import MatrixReport, run_crash_matrix
+from .crash_matrix import MatrixReport, run_scenario, why
 from .stack import EvalStack
 
 
@@ -61,59 +61,45 @@ def _progress() -> Progress:
 
 
 def cmd_crash_matrix(settings: Settings, args: argparse.Namespace) -> int:
-    labels = dict(args.relabel)
-    only = list(args.point) or None
-    extra: dict[str, Any] = {"tool_labels": ",".join(f"{k}={v}" for k, v in labels.items())}
-    with tempfile.TemporaryDirectory(prefix="durable-agent-eval-") as work:
-        stack = EvalStack(
+    from ..testing.scenario import load_scenario
+    from .scenarios import BUILT_IN
+
+    scenario = load_scenario(BUILT_IN.get(args.scenario, args.scenario))
+    with tempfile.TemporaryDirectory(prefix="durable-agent-eval-") as work, _progress() as bar:
+        task = bar.add_task("crash matrix", total=None)
+
+        def progress(text: str, done: int, total: int) -> None:
+            bar.update(task, description=f"crash matrix: {text}", completed=done, total=total)
+
+        report = run_scenario(
             settings,
+            scenario,
             work_dir=Path(work),
-            policy="email",
-            tools="durable_agent_examples.email_tools",
+            relabel=dict(args.relabel),
+            only=list(args.point) or None,
             lease_seconds=args.lease_seconds,
             sweep_interval_seconds=args.sweep_interval,
-            data_dir=Path(args.data_dir) if args.data_dir else None,
-            extra=extra,
             pool=args.pool,
+            data_dir=Path(args.data_dir) if args.data_dir else None,
+            progress=progress,
         )
-        with stack, _progress() as bar:
-            task = bar.add_task("crash matrix", total=None)
-
-            def progress(text: str, done: int, total: int) -> None:
-                bar.update(task, description=f"crash matrix: {text}", completed=done, total=total)
-
-            report = run_crash_matrix(stack, relabel=labels, only=only, progress=progress)
     out.print(matrix_table(report))
     _write_json(args.json, report.to_json())
+    effects = ", ".join(f"{tool} {n}" for tool, n in report.clean_effects.items())
     if report.passed:
         out.print(
             f"[green]passed[/]: {len(report.points)} crash points, zero repeated model calls for "
-            "finished steps, exactly one email each, the same reply"
+            f"finished steps, the effects of a clean run ({effects}) each, the same reply"
         )
         return 0
     out.print(f"[red]failed[/] at {len(report.failures)} of {len(report.points)} crash points:")
     for point in report.failures:
-        out.print(f"  step {point.step} {point.point} ({point.call}): {_why(point)}", markup=False)
+        out.print(f"  step {point.step} {point.point} ({point.call}): {why(point)}", markup=False)
     return 1
 
 
-def _why(point: Any) -> str:
-    reasons = []
-    if not point.crashed:
-        reasons.append("the worker did not crash there")
-    if point.status != "done":
-        reasons.append(f"turn {point.status}")
-    if point.repeated_finished:
-        reasons.append(f"{point.repeated_finished} finished model call(s) repeated")
-    if point.emails != 1:
-        reasons.append(f"{point.emails} emails")
-    if not point.same_reply:
-        reasons.append("a different reply")
-    return ", ".join(reasons)
-
-
 def matrix_table(report: MatrixReport) -> Table:
-    title = "crash matrix" + (
+    title = f"crash matrix: {report.scenario} (agent {report.agent})" + (
         f" (relabelled: {', '.join(f'{k}={v}' for k, v in report.relabel.items())})"
         if report.relabel
         else ""
@@ -124,22 +110,22 @@ def matrix_table(report: MatrixReport) -> Table:
         "call",
         "crash",
         "model calls repeated",
-        "emails",
+        "effects",
         "same reply",
         "recovery s",
         "result",
     ):
         table.add_column(column)
     for p in report.points:
-        repeated = str(p.repeated_finished)
+        repeated = str(p.repeated_finished) if report.scripted else "-"
         if p.repeated_interrupted:
             repeated += " (+1 interrupted)"
         table.add_row(
             str(p.step),
-            p.call,
+            escape(p.call),
             p.point,
             repeated,
-            str(p.emails),
+            escape(", ".join(f"{tool} {n}" for tool, n in p.effects.items())),
             "yes" if p.same_reply else "no",
             f"{p.recovery_seconds:.1f}" if p.recovery_seconds is not None else "-",
             "[green]ok[/]" if p.ok else "[red]FAIL[/]",
@@ -147,6 +133,7 @@ def matrix_table(report: MatrixReport) -> Table:
     table.caption = (
         f"lease {report.lease_seconds:g}s, sweep every {report.sweep_interval_seconds:g}s; "
         "recovery = worker death to finished turn, including a fresh worker's start"
+        + ("" if report.scripted else "; real model: repeats not counted, replies may differ")
     )
     return table
 
@@ -315,6 +302,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the workers' Celery pool (prefork: a crash kills the pool child)",
     )
     matrix.set_defaults(func=cmd_crash_matrix)
+    matrix.add_argument(
+        "--scenario",
+        default="email",
+        metavar="MODULE:NAME",
+        help="what to crash: 'email' (default), 'refund', or your own Scenario "
+        "(e.g. myapp.scenarios:refund)",
+    )
     matrix.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     matrix.add_argument(
         "--relabel",

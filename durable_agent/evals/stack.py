@@ -28,6 +28,7 @@ from ..runtime import Runtime
 from ..settings import Settings
 from ..testing import POLICIES, PaymentsSandbox, ScriptedModelServer, SmtpInbox
 from ..testing.harness import WorkerProcess, forget_queue, settings_env, wait_until
+from ..testing.model_server import Policy
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class EvalStack:
         base: Settings,
         *,
         work_dir: Path,
-        policy: str = "email",
+        policy: str | Policy = "email",
         tools: str = "durable_agent_examples.email_tools",
         lease_seconds: float = 2.0,
         sweep_interval_seconds: float = 0.5,
@@ -90,6 +91,7 @@ class EvalStack:
         data_dir: Path | None = None,
         extra: dict[str, Any] | None = None,
         pool: str = "solo",
+        services_from_settings: bool = False,
     ) -> None:
         self.base = base
         self.work_dir = work_dir
@@ -101,6 +103,8 @@ class EvalStack:
         self.data_dir = data_dir or Path.cwd() / ".durable-agent"
         self.pool = pool
         self.extra = extra or {}
+        self.services_from_settings = services_from_settings
+        self.worker_extra_env: dict[str, str] = {}
         self.embedded: Any = None
         self.model: ScriptedModelServer | None = None
         self.inbox = SmtpInbox()
@@ -143,7 +147,8 @@ class EvalStack:
         if self.real_model:
             _check_model_api(self.base)
         else:
-            self.model = ScriptedModelServer(POLICIES[self.policy])
+            policy = POLICIES[self.policy] if isinstance(self.policy, str) else self.policy
+            self.model = ScriptedModelServer(policy)
             self._stack.enter_context(self.model)
             update["openai_base_url"] = self.model.base_url
             update["openai_api_key"] = "scripted"
@@ -155,8 +160,9 @@ class EvalStack:
         """Postgres and Redis: the configured ones (``DURABLE_AGENT_DATABASE_URL``,
         ``DURABLE_AGENT_BROKER_URL``), or embedded servers where none is configured."""
         database_url, broker_url = self.base.database_url, self.base.broker_url
-        need_pg = "DURABLE_AGENT_DATABASE_URL" not in os.environ
-        need_redis = "DURABLE_AGENT_BROKER_URL" not in os.environ
+        given = self.services_from_settings
+        need_pg = not given and "DURABLE_AGENT_DATABASE_URL" not in os.environ
+        need_redis = not given and "DURABLE_AGENT_BROKER_URL" not in os.environ
         if not need_pg and not postgres_reachable(database_url):
             raise ServiceUnavailable(f"cannot reach Postgres at {describe_url(database_url)}")
         if not need_redis and not redis_reachable(broker_url):
@@ -185,6 +191,7 @@ class EvalStack:
             INBOX_URL=self.inbox.api_url,
             PAYMENTS_URL=self.payments.url,
         )
+        env.update(self.worker_extra_env)
         env.update(extra)
         return env
 
@@ -228,7 +235,12 @@ class Recovery:
 
 
 def crash_and_recover(
-    stack: EvalStack, session_id: str, message: str, crash_at: str, timeout: float = 60.0
+    stack: EvalStack,
+    session_id: str,
+    message: str,
+    crash_at: str,
+    timeout: float = 60.0,
+    agent: str | None = None,
 ) -> Recovery:
     """Start a worker armed with ``CRASH_AT``, submit the turn and let the crash happen; then
     let the turn finish through the system's own recovery. Solo pool: the worker process
@@ -238,7 +250,7 @@ def crash_and_recover(
     runtime = stack.runtime
     tag = session_id.replace(":", "-")
     doomed = stack.start_worker(f"crash-{tag}", CRASH_AT=crash_at)
-    turn_id = runtime.start_turn(session_id, message)
+    turn_id = runtime.start_turn(session_id, message, agent=agent)
     if stack.pool == "solo":
         try:
             code: int | None = doomed.wait_exit(timeout)

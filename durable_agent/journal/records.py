@@ -68,6 +68,10 @@ class Turn(_Row):
     received_message_id: str | None = None
     received_at: datetime | None = None
     received_by: str | None = None
+    agent: str = "default"
+    agent_digest: str | None = None
+    agent_spec: dict[str, Any] | None = None
+    agent_changes: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", TurnStatus(self.status))
@@ -89,6 +93,9 @@ class Turn(_Row):
             "crashes": self.crashes,
             "lease_epoch": self.lease_epoch,
             "queue": self.queue,
+            "agent": self.agent,
+            "agent_digest": self.agent_digest,
+            "agent_changes": self.agent_changes,
             "created_at": self.created_at.isoformat(),
             "finished_at": self.finished_at.isoformat() if self.finished_at else None,
         }

@@ -42,10 +42,16 @@ class JournalStore:
     # -- turns -----------------------------------------------------------------------------
 
     def create_turn(
-        self, session_id: str, message: str, turn_id: str | None = None, *, queue: str = ""
+        self,
+        session_id: str,
+        message: str,
+        turn_id: str | None = None,
+        *,
+        queue: str = "",
+        agent: str = "default",
     ) -> Turn:
-        """Record a new turn at the end of its session (queued, not yet enqueued); its
-        messages go to ``queue``."""
+        """Record a new turn of ``agent`` at the end of its session (queued, not yet
+        enqueued); its messages go to ``queue``."""
         turn_id = turn_id or new_turn_id()
         for _ in range(20):
             try:
@@ -55,16 +61,21 @@ class JournalStore:
                     session_id=session_id,
                     message=message,
                     queue=queue,
+                    agent=agent,
                 )
                 assert row is not None
                 return Turn.from_row(row)
             except psycopg.errors.UniqueViolation as error:
                 existing = self.find_turn(turn_id)
                 if existing is not None:  # the same turn id submitted again: idempotent
-                    if existing.session_id != session_id or existing.message != message:
+                    if (existing.session_id, existing.message, existing.agent) != (
+                        session_id,
+                        message,
+                        agent,
+                    ):
                         raise InvalidArgument(
                             f"turn id {turn_id!r} is already used by a turn with another "
-                            "session or message"
+                            "session, message or agent"
                         ) from error
                     return existing
                 # another turn of this session took the same position: try the next one
@@ -92,6 +103,25 @@ class JournalStore:
         """(user message, reply) of the session's earlier finished turns, in order."""
         rows = self.db.run("session_history", session_id=session_id, seq=before_seq)
         return [(row["message"], row["reply"] or "") for row in rows]
+
+    def record_turn_agent(
+        self,
+        turn_id: str,
+        epoch: int,
+        digest: str,
+        spec: dict[str, Any],
+        changes: str | None,
+    ) -> None:
+        """The agent this claim runs the turn with (digest and spec kept from the first),
+        and what differs from the recorded one (None: nothing)."""
+        self.db.run(
+            "record_turn_agent",
+            turn_id=turn_id,
+            epoch=epoch,
+            digest=digest,
+            spec=dumps(spec),
+            changes=changes,
+        )
 
     def mark_sent(self, turn_ids: list[str], message_ids: list[str]) -> None:
         """Before publishing: these messages are the turns' latest, sent now."""

@@ -9,6 +9,8 @@
   (needs the ``testing`` extra: ``pip install 'durable-agent[testing]'``).
 * :class:`PaymentsSandbox`: a payments service that counts refunds and honours idempotency
   keys.
+* :class:`Scenario`, :func:`load_scenario`: a crash matrix of your own agent and tools
+  (``durable-agent eval crash-matrix --scenario``, the pytest plugin's ``crash_matrix``).
 * ``email_policy``, ``refund_policy``, ``careless_refund_policy``: scripted agents for the
   demo and the evals (``POLICIES`` maps their command-line names to them).
 
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from .model_server import ScriptedModelServer, call_tool, call_tools, reply, tool_call
     from .payments import PaymentsSandbox
     from .policies import POLICIES, careless_refund_policy, email_policy, refund_policy
+    from .scenario import Scenario, load_scenario
 
 _WHERE = {
     "ClaimHeld": "memory",
@@ -46,6 +49,8 @@ _WHERE = {
     "careless_refund_policy": "policies",
     "email_policy": "policies",
     "refund_policy": "policies",
+    "Scenario": "scenario",
+    "load_scenario": "scenario",
 }
 
 __all__ = [
@@ -54,6 +59,7 @@ __all__ = [
     "InboxMessage",
     "MemoryJournal",
     "PaymentsSandbox",
+    "Scenario",
     "ScriptedModelServer",
     "SmtpInbox",
     "Write",
@@ -61,6 +67,7 @@ __all__ = [
     "call_tools",
     "careless_refund_policy",
     "email_policy",
+    "load_scenario",
     "make_step",
     "refund_policy",
     "reply",

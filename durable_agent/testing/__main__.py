@@ -1,8 +1,15 @@
 """Run a test server as its own process.
 
     python -m durable_agent.testing model-server --policy email [--host H] [--port P]
+    python -m durable_agent.testing model-server --policy myapp.policies:my_policy
     python -m durable_agent.testing inbox [--host H] [--smtp-port P --api-port Q]
     python -m durable_agent.testing payments [--host H] [--port P] [--order A-1001=4200 ...]
+
+A policy is a built-in name (``email``, ``refund``, ``careless-refund``) or ``module:name``
+of your own function ``policy(body: dict) -> dict``: it gets the Chat Completions request
+body and returns the assistant message (``{"role": "assistant", "content": ...}``, with
+``tool_calls`` to call tools; ``reply()``, ``call_tool()`` build them). Keep it a pure
+function of the request: a replayed request must get the same answer.
 
 ``--host`` is the address to listen on: 127.0.0.1 by default; 0.0.0.0 lets other machines
 or containers reach the server (``compose.yaml``'s demo profile does that).
@@ -30,7 +37,7 @@ from typing import IO, Any, Self
 
 from durable_agent.testing.http import LOOPBACK
 from durable_agent.testing.inbox import SmtpInbox
-from durable_agent.testing.model_server import ScriptedModelServer
+from durable_agent.testing.model_server import Policy, ScriptedModelServer
 from durable_agent.testing.payments import DEFAULT_ORDERS, PaymentsSandbox
 from durable_agent.testing.policies import POLICIES
 
@@ -44,6 +51,26 @@ def _order(text: str) -> tuple[str, int]:
     return order_id, int(cents)
 
 
+def _policy(text: str) -> tuple[str, Policy]:
+    """An argparse type: a built-in policy name or ``module:function``."""
+    if text in POLICIES:
+        return text, POLICIES[text]
+    from durable_agent.errors import ConfigurationError
+    from durable_agent.testing.scenario import load_object
+
+    if ":" not in text:
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {text!r}: {', '.join(sorted(POLICIES))}, or module:function"
+        )
+    try:
+        found = load_object(text, "policy")
+    except ConfigurationError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if not callable(found):
+        raise argparse.ArgumentTypeError(f"policy {text!r} is not a function")
+    return text, found
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser."""
     parser = argparse.ArgumentParser(
@@ -52,7 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     kinds = parser.add_subparsers(dest="kind", required=True)
 
     model = kinds.add_parser("model-server", help="scripted OpenAI-compatible model server")
-    model.add_argument("--policy", choices=sorted(POLICIES), required=True)
+    model.add_argument(
+        "--policy",
+        type=_policy,
+        required=True,
+        help=f"{', '.join(sorted(POLICIES))}, or module:function of your own",
+    )
     model.add_argument("--host", default=LOOPBACK, help="address to listen on (127.0.0.1)")
     model.add_argument("--port", type=int, default=0)
     model.add_argument("--model", default="scripted-model", help="model name to report")
@@ -78,12 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _start(args: argparse.Namespace, stack: ExitStack) -> dict[str, Any]:
     """Start the requested server inside `stack` and return its addresses."""
     if args.kind == "model-server":
+        name, policy = args.policy
         model = stack.enter_context(
-            ScriptedModelServer(
-                POLICIES[args.policy], model=args.model, host=args.host, port=args.port
-            )
+            ScriptedModelServer(policy, model=args.model, host=args.host, port=args.port)
         )
-        return {"base_url": model.base_url, "port": model.port, "policy": args.policy}
+        return {"base_url": model.base_url, "port": model.port, "policy": name}
     if args.kind == "inbox":
         inbox = stack.enter_context(
             SmtpInbox(host=args.host, smtp_port=args.smtp_port, api_port=args.api_port)

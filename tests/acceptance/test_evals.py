@@ -48,7 +48,7 @@ def test_crash_matrix_meets_its_targets(settings: Settings, tmp_path: Path) -> N
         assert point["crashed"], point
         assert point["status"] == "done", point
         assert point["repeated_finished"] == 0, point
-        assert point["emails"] == 1, point
+        assert point["effects"] == {"send_email": 1}, point
         assert point["same_reply"], point
     # an interrupted model call (after_run at a model step) is the only repeat allowed
     assert {p["step"] for p in points if p["repeated_interrupted"]} == {0, 2, 4}
@@ -74,9 +74,9 @@ def test_crash_matrix_relabelled_shows_the_duplicate(settings: Settings, tmp_pat
     )
     assert result.returncode == 1, result.stdout + result.stderr
     report = json.loads(report_path.read_text())
-    points = [(p["step"], p["point"], p["emails"], p["ok"]) for p in report["points"]]
-    assert points == [(3, "after_run", 2, False)]
-    assert "2 emails" in result.stdout
+    points = [(p["step"], p["point"], p["effects"], p["ok"]) for p in report["points"]]
+    assert points == [(3, "after_run", {"send_email": 2}, False)]
+    assert "send_email took effect 2 times (expected 1)" in result.stdout
 
 
 def test_replay_reproduces_a_turn_without_the_model(settings: Settings, tmp_path: Path) -> None:

@@ -240,3 +240,34 @@ def test_tables_print_recorded_text_literally(
     assert "a [/b] c [bold]d" in journal.stdout
     assert turns.returncode == 0, turns.stderr
     assert "done [/x]" in turns.stdout
+
+
+def test_agents_at_the_command_line(settings: Settings, store: JournalStore) -> None:
+    """`submit --agent` records the agent (an unknown one is one error line, exit 2);
+    `worker --agent` refuses an agent no module defines; `journal` names the turn's agent."""
+    unknown = run_cli(settings, "submit", "--session", "s", "--agent", "billing", "hi")
+    assert unknown.returncode == 2
+    assert "no agent named 'billing'" in _one_error_line(unknown)
+
+    worker = run_cli(
+        settings,
+        "worker",
+        "--agent",
+        "billing",
+        DURABLE_AGENT_TOOLS="durable_agent_examples.email_tools",
+    )
+    assert worker.returncode == 2
+    assert "no agent named 'billing'" in _one_error_line(worker)
+
+    env = {
+        "DURABLE_AGENT_TOOLS": "durable_agent_examples.email_tools",
+        "DURABLE_AGENT_AGENTS": "durable_agent_examples.plan_act",
+    }
+    planned = run_cli(settings, "submit", "--session", "p", "--agent", "planner", "hi", **env)
+    assert planned.returncode == 0, planned.stderr
+    turn = store.get_turn(planned.stdout.strip())
+    assert (turn.agent, turn.queue) == ("planner", settings.queue)
+
+    journal = run_cli(settings, "journal", turn.turn_id)
+    assert journal.returncode == 0, journal.stderr
+    assert "agent planner (not run yet)" in journal.stdout

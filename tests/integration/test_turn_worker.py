@@ -442,3 +442,62 @@ def test_turn_at_crash_cap_is_failed_on_next_claim(
     assert (failed.status, failed.error, failed.crashes) == ("failed", delivery.detail, 1)
     assert model_server.request_count == 0
     assert [s.status for s in _journal(store, turn.turn_id)] == ["intent"]
+
+
+def test_turn_resumed_under_a_changed_agent_is_reported(
+    make_worker: Callable[..., TurnWorker],
+    store: JournalStore,
+    inbox: SmtpInbox,
+    model_server: ScriptedModelServer,
+    clock: DatabaseClock,
+) -> None:
+    """A deploy changed the agent mid-turn (its instructions and model): the turn keeps the
+    digest it started with, finishes under the new agent, and says what changed."""
+    turn = store.create_turn("s", MESSAGE)
+    first = make_worker(crash=(3, "after_run"), lease_seconds=0.5)
+    _crash_in_thread(first, turn.turn_id)
+    started = store.get_turn(turn.turn_id)
+    assert started.agent == "default"
+    assert started.agent_digest == first.agents["default"].digest
+    assert started.agent_changes is None
+
+    later = make_worker(system_prompt="A new prompt.", model="model-v2")
+    delivery = _handle_when_free(later, turn.turn_id, clock)
+
+    assert delivery.outcome == "done" and inbox.count == 1
+    done = store.get_turn(turn.turn_id)
+    assert done.agent_digest == started.agent_digest != later.agents["default"].digest
+    assert done.agent_changes == "model gpt-4o-mini -> model-v2; instructions changed"
+
+
+def test_turn_of_an_agent_nobody_here_defines_waits_without_a_crash(
+    make_worker: Callable[..., TurnWorker], store: JournalStore, settings: Settings
+) -> None:
+    """A turn of an unknown agent is given back with the reason, to be sent again later;
+    it is not run and does not count as a crash."""
+    turn = store.create_turn("s", MESSAGE, queue=settings.queue, agent="ghost")
+
+    delivery = make_worker().handle(turn.turn_id)
+
+    assert delivery.outcome == "deferred"
+    assert "no agent named 'ghost'" in delivery.detail
+    waiting = store.get_turn(turn.turn_id)
+    assert (waiting.status, waiting.crashes, waiting.lease_owner) == ("queued", 0, None)
+    assert waiting.not_before is not None and "ghost" in (waiting.error or "")
+    assert store.load_journal(turn.turn_id) == []
+
+
+def test_start_turn_names_an_agent(settings: Settings) -> None:
+    """start_turn(agent=...) records the agent; an unknown one is an InvalidArgument."""
+    from durable_agent import InvalidArgument
+
+    runtime = Runtime(settings)
+    try:
+        turn_id = runtime.start_turn("s", "hi")
+        assert runtime.get_turn(turn_id).agent == "default"
+        with pytest.raises(InvalidArgument, match="no agent named 'billing'"):
+            runtime.start_turn("s", "hi", agent="billing")
+        with pytest.raises(InvalidArgument, match="agent must be"):
+            runtime.start_turn("s", "hi", agent="bad name!")
+    finally:
+        runtime.close()

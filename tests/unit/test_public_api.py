@@ -11,11 +11,13 @@ import pytest
 import durable_agent
 
 EXPECTED = [
+    "Agent",
     "CallContext",
     "ConfigurationError",
     "DurableAgentError",
     "InvalidArgument",
     "LeaseLost",
+    "Loop",
     "ModelUnavailable",
     "ReplayDiverged",
     "Runtime",
@@ -26,6 +28,7 @@ EXPECTED = [
     "Tool",
     "ToolDefinitionError",
     "Turn",
+    "TurnContext",
     "TurnFailed",
     "TurnNotFound",
     "TurnStatus",

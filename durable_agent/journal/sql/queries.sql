@@ -8,20 +8,20 @@
 
 -- name: create_turn
 -- Record a new turn at the end of its session.
-INSERT INTO turns (turn_id, session_id, seq, message, queue, created_at, updated_at)
-SELECT :turn_id, :session_id, coalesce(max(seq) + 1, 0), :message, :queue,
+INSERT INTO turns (turn_id, session_id, seq, message, queue, agent, created_at, updated_at)
+SELECT :turn_id, :session_id, coalesce(max(seq) + 1, 0), :message, :queue, :agent,
        durable_agent_now(), durable_agent_now()
 FROM turns WHERE session_id = :session_id
 RETURNING turn_id, session_id, seq, status, message, reply, error, attempts, crashes,
           lease_owner, lease_epoch, lease_expires_at, not_before, enqueued_at,
           created_at, updated_at, finished_at, queue, message_id, received_message_id,
-          received_at, received_by;
+          received_at, received_by, agent, agent_digest, agent_spec, agent_changes;
 
 -- name: find_turn
 SELECT turn_id, session_id, seq, status, message, reply, error, attempts, crashes,
        lease_owner, lease_epoch, lease_expires_at, not_before, enqueued_at,
        created_at, updated_at, finished_at, queue, message_id, received_message_id,
-       received_at, received_by
+       received_at, received_by, agent, agent_digest, agent_spec, agent_changes
 FROM turns WHERE turn_id = :turn_id;
 
 -- name: list_turns
@@ -29,7 +29,7 @@ FROM turns WHERE turn_id = :turn_id;
 SELECT turn_id, session_id, seq, status, message, reply, error, attempts, crashes,
        lease_owner, lease_epoch, lease_expires_at, not_before, enqueued_at,
        created_at, updated_at, finished_at, queue, message_id, received_message_id,
-       received_at, received_by
+       received_at, received_by, agent, agent_digest, agent_spec, agent_changes
 FROM turns ORDER BY created_at DESC, turn_id LIMIT :limit;
 
 -- name: list_session_turns
@@ -37,7 +37,7 @@ FROM turns ORDER BY created_at DESC, turn_id LIMIT :limit;
 SELECT turn_id, session_id, seq, status, message, reply, error, attempts, crashes,
        lease_owner, lease_epoch, lease_expires_at, not_before, enqueued_at,
        created_at, updated_at, finished_at, queue, message_id, received_message_id,
-       received_at, received_by
+       received_at, received_by, agent, agent_digest, agent_spec, agent_changes
 FROM turns WHERE session_id = :session_id ORDER BY seq LIMIT :limit;
 
 -- name: session_history
@@ -45,6 +45,18 @@ FROM turns WHERE session_id = :session_id ORDER BY seq LIMIT :limit;
 SELECT message, reply FROM turns
 WHERE session_id = :session_id AND seq < :seq AND status = 'done'
 ORDER BY seq;
+
+-- name: record_turn_agent
+-- The agent a claim runs the turn with: its digest and spec the first time (kept after),
+-- and what differs from them when a later claim runs it under a changed agent. A report,
+-- not a fence: committed without waiting for the WAL flush.
+WITH quick AS (SELECT set_config('synchronous_commit', 'off', true))
+UPDATE turns
+SET agent_digest = coalesce(agent_digest, :digest),
+    agent_spec = coalesce(agent_spec, CAST(:spec AS jsonb)),
+    agent_changes = :changes
+FROM quick
+WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running';
 
 -- name: mark_sent
 -- Before a message is published: which message is the turn's latest, and when it was sent.
@@ -206,14 +218,15 @@ WHERE t.turn_id = :turn_id
 RETURNING t.turn_id, t.session_id, t.seq, t.status, t.message, t.reply, t.error, t.attempts,
           t.crashes, t.lease_owner, t.lease_epoch, t.lease_expires_at, t.not_before,
           t.enqueued_at, t.created_at, t.updated_at, t.finished_at, t.queue, t.message_id,
-          t.received_message_id, t.received_at, t.received_by;
+          t.received_message_id, t.received_at, t.received_by, t.agent, t.agent_digest,
+          t.agent_spec, t.agent_changes;
 
 -- name: claim_refusal
 -- Why a claim failed: the turn as it is now, the clock, and the earlier turn it waits for.
 SELECT turn_id, session_id, seq, status, message, reply, error, attempts, crashes,
        lease_owner, lease_epoch, lease_expires_at, not_before, enqueued_at,
        created_at, updated_at, finished_at, queue, message_id, received_message_id,
-       received_at, received_by,
+       received_at, received_by, agent, agent_digest, agent_spec, agent_changes,
        durable_agent_now() AS now,
        durable_agent_open_before(session_id, seq) AS waits_for
 FROM turns WHERE turn_id = :turn_id;

@@ -28,6 +28,10 @@ CREATE TABLE turns (
     received_message_id text,
     received_at         timestamptz,
     received_by         text,
+    agent         text NOT NULL DEFAULT 'default',
+    agent_digest  text,
+    agent_spec    jsonb,
+    agent_changes text,
     UNIQUE (session_id, seq)
 );
 
@@ -35,6 +39,10 @@ COMMENT ON COLUMN turns.queue IS 'the Celery queue its messages go to ('''' for 
 COMMENT ON COLUMN turns.message_id IS 'the task id of the last message sent for the turn';
 COMMENT ON COLUMN turns.received_message_id IS 'the task id of the last message a worker received for it';
 COMMENT ON COLUMN turns.received_by IS 'the worker process that received it (host:pid:thread#token)';
+COMMENT ON COLUMN turns.agent IS 'the agent the turn belongs to (''default'': the one configured by the environment)';
+COMMENT ON COLUMN turns.agent_digest IS 'sha256 of the agent''s spec when the turn first ran (model, instructions, parameters, step cap, loop, tools)';
+COMMENT ON COLUMN turns.agent_spec IS 'that spec, to say what changed when the turn resumes under another one';
+COMMENT ON COLUMN turns.agent_changes IS 'what differed from agent_spec the last time the turn was resumed (NULL: nothing)';
 
 CREATE INDEX turns_open_idx ON turns (lease_expires_at) WHERE status IN ('queued', 'running');
 -- the newest send on a queue that some worker has received, and the newest reception

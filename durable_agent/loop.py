@@ -1,0 +1,197 @@
+"""Your own loop: the public API every loop, ours included, journals its calls through.
+
+A *loop* is a function that takes a :class:`TurnContext` and returns the reply text::
+
+    def plan_then_act(ctx: TurnContext) -> str:
+        plan = ctx.model({"messages": [...], "tools": []})      # step 0, journalled
+        for call in parse(plan):
+            ctx.tool(call["name"], call["arguments"])           # steps 1, 2, ...
+        return ctx.model({"messages": [...]})["message"]["content"]
+
+Name it in an :class:`~durable_agent.Agent` (``Agent("planner", loop=plan_then_act)``) and
+the workers run it like the built-in Chat Completions loop
+(:func:`durable_agent.agent.chat_completions`, written on this same API): every
+``ctx.model()`` and ``ctx.tool()`` is one step of the turn, numbered in the order the loop
+makes them, and goes through the step runner (:mod:`durable_agent.runner`): a finished step
+is read back instead of run, an interrupted ``never`` tool is answered with the "may or may
+not have happened" text, every write is fenced by the worker's claim, the heartbeat and
+the ``CRASH_AT`` points apply.
+
+What a loop must keep to, as ours does: build every request only from what the context
+gives (the turn's message, the session's history, the results of earlier steps), never
+from the clock or random ids, so that a redelivered turn makes the same calls in the same
+order; and call nothing with side effects except through ``ctx.tool()``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import InvalidArgument, TurnFailed
+from .tools import ToolRegistry
+
+if TYPE_CHECKING:
+    from .runner import StepRunner
+
+ModelCall = Callable[[dict[str, Any]], dict[str, Any]]
+Loop = Callable[["TurnContext"], str]
+"""A loop: gets the turn's context, makes its calls through it, returns the reply text."""
+
+_SET_BY_CONTEXT = ("tools",)
+
+
+@dataclass(frozen=True)
+class TurnInput:
+    """What a turn starts from: its ids, the user's message and the session's history."""
+
+    turn_id: str
+    session_id: str
+    message: str
+    history: list[tuple[str, str]] = field(default_factory=list)
+
+
+def initial_messages(
+    system_prompt: str, history: list[tuple[str, str]], user_message: str
+) -> list[dict[str, Any]]:
+    """The conversation before this turn's first model call: the instructions, the
+    session's earlier (message, reply) pairs, this turn's message."""
+    messages: list[dict[str, Any]] = []
+    if system_prompt:
+        messages.append({"role": "system", "content": system_prompt})
+    for earlier_message, earlier_reply in history:
+        messages.append({"role": "user", "content": earlier_message})
+        messages.append({"role": "assistant", "content": earlier_reply})
+    messages.append({"role": "user", "content": user_message})
+    return messages
+
+
+class TurnContext:
+    """One turn as a loop sees it: the input, the agent's settings, and the two journalled
+    calls (``model`` and ``tool``). Built by the worker (or a replay) for each delivery."""
+
+    def __init__(
+        self,
+        runner: StepRunner,
+        *,
+        call_model: ModelCall,
+        turn: TurnInput,
+        agent: str = "default",
+        model: str,
+        instructions: str,
+        tools: ToolRegistry,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._runner = runner
+        self._call_model = call_model
+        self.turn = turn
+        self.agent = agent
+        self.model_name = model
+        self.instructions = instructions
+        self.tools = tools
+        self.parameters = dict(parameters or {})
+
+    # -- what the turn starts from ----------------------------------------------------------
+
+    @property
+    def turn_id(self) -> str:
+        return self.turn.turn_id
+
+    @property
+    def session_id(self) -> str:
+        return self.turn.session_id
+
+    @property
+    def message(self) -> str:
+        """This turn's user message."""
+        return self.turn.message
+
+    @property
+    def history(self) -> list[tuple[str, str]]:
+        """(user message, reply) of the session's earlier done turns, in order."""
+        return list(self.turn.history)
+
+    @property
+    def step(self) -> int:
+        """The number the next call will get."""
+        return self._runner.next_step
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The Chat Completions conversation before the first call: the agent's
+        instructions as the system message, the session's history, the user's message."""
+        return initial_messages(self.instructions, self.turn.history, self.turn.message)
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The agent's tools as a Chat Completions ``tools`` list."""
+        return self.tools.openai_schemas()
+
+    # -- the journalled calls ---------------------------------------------------------------
+
+    def model(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """One model call (a step): a Chat Completions request body, completed with the
+        agent's model name, its parameters (``temperature``...) and its tools where the
+        request does not set them (``"tools": []`` sends none). Returns the recorded
+        response: ``{"message": {"role": "assistant", "content": ..., "tool_calls": [...]},
+        "finish_reason": ..., "model": ..., "usage": ...}``."""
+        if not isinstance(request, Mapping) or not isinstance(request.get("messages"), list):
+            raise InvalidArgument("ctx.model() takes a request with a 'messages' list")
+        body: dict[str, Any] = {"model": self.model_name, **self.parameters, **dict(request)}
+        if "tools" not in request:
+            schemas = self.tool_schemas()
+            if schemas:
+                body["tools"] = schemas
+        elif not body["tools"]:
+            del body["tools"]  # OpenAI refuses an empty tools list
+        return self._runner.model_step(body, self._call_model)
+
+    def tool(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | str | None = None,
+        *,
+        call_id: str | None = None,
+    ) -> str:
+        """Call one of the agent's tools (a step); returns the text the model would read:
+        the result, an error, or "may or may not have happened" for an interrupted
+        ``never`` tool. A tool the agent does not have, or arguments that fail its schema,
+        give an error text and run nothing."""
+        if not isinstance(name, str):
+            raise InvalidArgument("ctx.tool() takes the tool's name as text")
+        if arguments is None:
+            arguments = {}
+        text = arguments if isinstance(arguments, str) else _json(arguments)
+        call = {
+            "id": call_id or f"call_{self._runner.next_step}",
+            "type": "function",
+            "function": {"name": name, "arguments": text},
+        }
+        return self._runner.tool_step(call)
+
+    def tool_call(self, tool_call: Mapping[str, Any]) -> str:
+        """Run a tool call exactly as a Chat Completions answer gave it (with its ``id``)."""
+        return self._runner.tool_step(dict(tool_call))
+
+
+def run_loop(loop: Loop, ctx: TurnContext) -> str:
+    """Run a loop; its answer must be the reply text."""
+    reply = loop(ctx)
+    if not isinstance(reply, str):
+        raise TurnFailed(
+            f"the loop of agent {ctx.agent!r} returned {type(reply).__name__}, not the reply text"
+        )
+    return reply
+
+
+def loop_name(loop: Loop) -> str:
+    """``module:qualname`` of a loop, as recorded in an agent's digest."""
+    module = getattr(loop, "__module__", None) or "?"
+    return f"{module}:{getattr(loop, '__qualname__', type(loop).__qualname__)}"
+
+
+def _json(arguments: Mapping[str, Any]) -> str:
+    try:
+        return json.dumps(dict(arguments), separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as error:
+        raise InvalidArgument(f"ctx.tool() arguments must be JSON values: {error}") from None
