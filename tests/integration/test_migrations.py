@@ -46,7 +46,16 @@ def test_migrate_on_empty_database_applies_0001_and_records_it(empty_db: Databas
     assert applied[0].name == "0001_initial.sql"
     assert _versions(empty_db) == [(m.version, m.name) for m in available()]
     assert current_version(empty_db) == latest_version()
-    assert _tables(empty_db) == {"turns", "journal", "blobs", "schema_version"}
+    assert _tables(empty_db) == {
+        "turns",
+        "journal",
+        "blobs",
+        "schema_version",
+        "cancellations",
+        "approvals",
+        "resolutions",
+        "uncertain_notices",
+    }
     require_current(empty_db)  # does not raise
 
 
@@ -129,7 +138,16 @@ def test_migrations_build_exactly_schema_sql(
     for part in _CATALOG:
         assert applied[part] == declared[part], part
     tables = {row[0] for row in applied["columns"]}
-    assert tables == {"turns", "journal", "blobs", "schema_version"}
+    assert tables == {
+        "turns",
+        "journal",
+        "blobs",
+        "schema_version",
+        "cancellations",
+        "approvals",
+        "resolutions",
+        "uncertain_notices",
+    }
 
 
 def test_require_current_on_empty_database_says_to_migrate(empty_db: Database) -> None:
