@@ -24,7 +24,7 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import DurableAgentError, InvalidArgument
+from .errors import DurableAgentError, InvalidArgument, TurnCancelled
 from .inputs import check_id
 from .journal.control import Cancellation, ControlStore, PruneCount
 from .journal.records import Ended, Turn
@@ -129,6 +129,17 @@ def cancel(
         log.info("turn %s cancelled by %s", turn_id, who)
         send_next(runtime, ended)
     return CancelResult(runtime.get_turn(turn_id), requested, store.find_cancellation(turn_id))
+
+
+def stop_if_cancelled(runtime: Runtime, turn_id: str) -> None:
+    """Raise TurnCancelled if someone asked the turn to stop: a claim that resumes a turn
+    checks first, so that it does not run an interrupted call again only to stop after it."""
+    cancel = ControlStore(runtime.database).find_cancellation(turn_id)
+    if cancel is not None:
+        raise TurnCancelled(
+            f"turn {turn_id} cancelled by {cancel.requested_by}"
+            + (f": {cancel.reason}" if cancel.reason else "")
+        )
 
 
 def end_cancelled(runtime: Runtime, turn_id: str, epoch: int) -> Ended | None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .agent import initial_messages, run_agent
 from .approvals import approval_gate
-from .control import end_cancelled
+from .control import end_cancelled, stop_if_cancelled
 from .errors import (
     LeaseLost,
     ModelUnavailable,
@@ -107,6 +107,8 @@ class TurnWorker:
         runner: StepRunner | None = None
         with Heartbeat(self.leases, turn.turn_id, claim.epoch, settings.lease_seconds) as beat:
             try:
+                if turn.attempts > 1:  # resuming: a cancel asked meanwhile stops it here
+                    stop_if_cancelled(self.runtime, turn.turn_id)
                 # the first claim of a turn finds no journal, the first turn of a session
                 # no history: neither is read then
                 runner = StepRunner(

@@ -302,6 +302,45 @@ def test_approved_call_interrupted_after_it_ran_is_never_run_again(
     assert len(list_approvals(include_decided=True, settings=op_settings)) == 1
 
 
+def test_approved_call_interrupted_before_it_ran_asks_again_for_the_retry(
+    make_worker: Callable[..., TurnWorker],
+    op_settings: Settings,
+    store: JournalStore,
+    inbox: SmtpInbox,
+    clock: DatabaseClock,
+) -> None:
+    """Approved, then the worker dies after the call's intent and before it ran: the call
+    is not run on resume ('may or may not have happened'); the model checks, finds nothing
+    and calls send_email again: a new call, so it waits for its own approval, and then runs
+    with the interrupted call's idempotency key. One email."""
+    turn = store.create_turn("s-before", MESSAGE)
+    assert make_worker(approval_required="send_email").handle(turn.turn_id).outcome == "parked"
+    approve(turn.turn_id, 3, by="ada", settings=op_settings)
+    doomed = make_worker(crash=(3, "before_run"), approval_required="send_email", lease_seconds=0.5)
+    _crash_in_thread(doomed, turn.turn_id)
+    assert inbox.count == 0
+
+    again = _handle_when_free(make_worker(approval_required="send_email"), turn.turn_id, clock)
+
+    assert again.outcome == "parked", again
+    assert [
+        (a.step, a.decision) for a in list_approvals(include_decided=True, settings=op_settings)
+    ] == [
+        (3, "approved"),
+        (7, None),
+    ]
+    approve(turn.turn_id, 7, by="ada", settings=op_settings)
+    done = make_worker(approval_required="send_email").handle(turn.turn_id)
+    assert (done.outcome, done.detail) == ("done", REPLY)
+    steps = store.load_journal(turn.turn_id)
+    assert inbox.count == 1
+    assert steps[7].input["idempotency_key"] == steps[3].input["idempotency_key"]
+    [effect] = list_uncertain(settings=op_settings)
+    assert effect.next == (
+        "checked with list_sent_emails (step 5), then retried with the same key (step 7)"
+    )
+
+
 # -- the uncertain-effects inbox ---------------------------------------------------------------
 
 

@@ -154,3 +154,14 @@ def test_require_current_on_empty_database_says_to_migrate(empty_db: Database) -
     """An unmigrated database is a configuration error that names the command to run."""
     with pytest.raises(ConfigurationError, match=r"run `durable-agent migrate`"):
         require_current(empty_db)
+
+
+def test_require_current_sees_a_gap_below_the_newest_version(empty_db: Database) -> None:
+    """Versions need not be contiguous (branches add them in parallel): a database at the
+    newest version that lacks an older one (merged later) is told to migrate."""
+    migrate(empty_db)
+    with psycopg.connect(empty_db.conninfo, autocommit=True) as conn:
+        conn.execute("DELETE FROM schema_version WHERE version = 2")
+
+    with pytest.raises(ConfigurationError, match=r"lacks 0002_[a-z_]+\.sql: run `durable-agent"):
+        require_current(empty_db)
