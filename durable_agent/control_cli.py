@@ -148,7 +148,11 @@ def cmd_approvals(runtime: Runtime, args: argparse.Namespace) -> int:
     for column in ("turn", "step", "tool", "arguments", "asked", "decision"):
         table.add_column(column, overflow="fold")
     for a in found:
-        decision = f"{a.decision} by {a.decided_by}" if a.decision else "waiting"
+        decision = (
+            f"{a.decision} by {a.decided_by}"
+            if a.decision
+            else ("waiting" if a.turn_status == "waiting" else f"none (turn {a.turn_status})")
+        )
         cells = (
             a.turn_id,
             str(a.step),

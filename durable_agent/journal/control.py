@@ -40,6 +40,7 @@ class Approval(_Row):
     reason: str | None
     decided_by: str | None
     decided_at: datetime | None
+    turn_status: str | None = None  # in listings
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -53,6 +54,7 @@ class Approval(_Row):
             "reason": self.reason,
             "decided_by": self.decided_by,
             "decided_at": self.decided_at.isoformat() if self.decided_at else None,
+            "turn_status": self.turn_status,
         }
 
 

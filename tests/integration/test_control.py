@@ -286,6 +286,11 @@ def test_approved_call_interrupted_after_it_ran_is_never_run_again(
     turn = store.create_turn("s-approve", MESSAGE)
     assert make_worker(approval_required="send_email").handle(turn.turn_id).outcome == "parked"
     assert approve(turn.turn_id, 3, by="ada", settings=op_settings).decision == "approved"
+    # another turn parks, then is cancelled: its pending call waits for nothing
+    other = store.create_turn("s-other", "Email the note standup to bob@example.com")
+    assert make_worker(approval_required="send_email").handle(other.turn_id).outcome == "parked"
+    assert cancel_turn(other.turn_id, settings=op_settings).cancelled
+    assert list_approvals(settings=op_settings) == []
 
     doomed = make_worker(crash=(3, "after_run"), approval_required="send_email", lease_seconds=0.5)
     _crash_in_thread(doomed, turn.turn_id)
@@ -299,7 +304,11 @@ def test_approved_call_interrupted_after_it_ran_is_never_run_again(
     assert steps[3].output["uncertain"] is True
     assert [s.name for s in steps[4:]] == ["llm", "list_sent_emails", "llm"]
     assert model_server.repeated_requests() == 0
-    assert len(list_approvals(include_decided=True, settings=op_settings)) == 1
+    listed = list_approvals(include_decided=True, settings=op_settings)
+    assert [(a.turn_id, a.decision, a.turn_status) for a in listed] == [
+        (turn.turn_id, "approved", "done"),
+        (other.turn_id, None, "cancelled"),
+    ]
 
 
 def test_approved_call_interrupted_before_it_ran_asks_again_for_the_retry(

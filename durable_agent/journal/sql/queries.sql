@@ -502,11 +502,12 @@ SELECT turn_id, step, tool, arguments, idempotency_key, requested_at, decision, 
 FROM approvals WHERE turn_id = :turn_id AND step = :step;
 
 -- name: list_approvals
--- Pending approvals (or all), oldest first.
+-- Calls of waiting turns that wait for a decision (or all, with the turn's status), oldest
+-- first. A call left pending by a turn that was cancelled meanwhile waits for nothing.
 SELECT a.turn_id, a.step, a.tool, a.arguments, a.idempotency_key, a.requested_at,
-       a.decision, a.reason, a.decided_by, a.decided_at
-FROM approvals AS a
-WHERE (:include_decided OR a.decision IS NULL)
+       a.decision, a.reason, a.decided_by, a.decided_at, t.status AS turn_status
+FROM approvals AS a JOIN turns AS t ON t.turn_id = a.turn_id
+WHERE (:include_decided OR (a.decision IS NULL AND t.status = 'waiting'))
   AND (CAST(:turn_id AS text) IS NULL OR a.turn_id = :turn_id)
 ORDER BY a.requested_at, a.turn_id, a.step
 LIMIT :limit;
