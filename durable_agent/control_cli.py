@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import approvals, control, uncertain
+from .control import check_by, check_note
 from .errors import InvalidArgument
 from .inputs import check_id
 from .redact import printable
@@ -27,8 +28,19 @@ Add = Callable[[str, Command, str], argparse.ArgumentParser]
 EXIT_FAILED = 1
 
 
+def _check_inputs(args: argparse.Namespace, *notes: str) -> None:
+    """Every id and text argument, before anything touches the database."""
+    for name in ("turn_id", "turn"):
+        if getattr(args, name, None) is not None:
+            check_id(name, getattr(args, name))
+    if getattr(args, "by", None) is not None:
+        check_by(args.by)
+    for name in notes:
+        check_note(name, getattr(args, name), required=name == "reason" and args.command == "deny")
+
+
 def cmd_cancel(runtime: Runtime, args: argparse.Namespace) -> int:
-    check_id("turn_id", args.turn_id)
+    _check_inputs(args, "reason")
     runtime.require_schema()
     result = control.cancel(runtime, args.turn_id, args.reason, by=args.by)
     if args.json:
@@ -82,6 +94,7 @@ def _since(text: str) -> datetime:
 
 
 def cmd_uncertain(runtime: Runtime, args: argparse.Namespace) -> int:
+    _check_inputs(args)
     since = _since(args.since) if args.since is not None else None
     runtime.require_schema()
     effects = uncertain.list_uncertain(
@@ -117,7 +130,7 @@ def cmd_uncertain(runtime: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_resolve(runtime: Runtime, args: argparse.Namespace) -> int:
-    check_id("turn_id", args.turn_id)
+    _check_inputs(args, "note")
     runtime.require_schema()
     effect = uncertain.resolve(
         runtime, args.turn_id, args.step, args.verdict, note=args.note, by=args.by
@@ -134,6 +147,7 @@ def cmd_resolve(runtime: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_approvals(runtime: Runtime, args: argparse.Namespace) -> int:
+    _check_inputs(args)
     runtime.require_schema()
     found = approvals.list_approvals(runtime, turn_id=args.turn, include_decided=args.all)
     if args.json:
@@ -167,7 +181,7 @@ def cmd_approvals(runtime: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_decide(runtime: Runtime, args: argparse.Namespace) -> int:
-    check_id("turn_id", args.turn_id)
+    _check_inputs(args, "note", "reason")
     runtime.require_schema()
     if args.decision == "approved":
         found = approvals.approve(runtime, args.turn_id, args.step, note=args.note, by=args.by)
