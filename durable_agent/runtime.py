@@ -148,6 +148,9 @@ class Runtime:
         the model endpoint configured.
         """
         self.require_schema()
+        from .uncertain import hooks
+
+        hooks(self)  # a DURABLE_AGENT_UNCERTAIN_CALLBACK that cannot be imported stops here
         worker = self.turn_worker()
         if not len(worker.tools):
             where = ", ".join(self.settings.tool_modules) or "(DURABLE_AGENT_TOOLS is empty)"

@@ -183,7 +183,7 @@ def test_cancel_inside_a_never_call_lets_it_finish_then_stops_and_the_session_go
 
 
 def test_cancel_of_a_turn_no_worker_holds_ends_it_at_once(
-    op_settings: Settings, store: JournalStore, runtime: Runtime
+    op_settings: Settings, store: JournalStore, runtime: Runtime, clock: DatabaseClock
 ) -> None:
     """A queued turn is cancelled at once (CLI), with who and why; `wait` reports it as an
     end (exit 1); cancelling again or an unknown id or a bad reason are one-line errors."""
@@ -197,8 +197,10 @@ def test_cancel_of_a_turn_no_worker_holds_ends_it_at_once(
     ended = store.get_turn(turn.turn_id)
     assert ended.status == "cancelled" and ended.finished_at is not None
     assert ended.attempts == 0 and store.load_journal(turn.turn_id) == []
-    # the session goes on: the later turn was sent
+    # the session goes on: the later turn was sent; the cancelled one is never sent again
     assert store.get_turn(later.turn_id).message_id is not None
+    clock.advance(3600)
+    assert turn.turn_id not in [t for _, t, _ in runtime.sweeper().sweep_once()]
 
     waited = run_cli(op_settings, "wait", turn.turn_id, "--timeout", "5")
     assert waited.returncode == 1
@@ -503,3 +505,18 @@ def test_prune_deletes_old_finished_turns_and_keeps_what_is_still_needed(
     assert store.find_turn(open_session) is not None and store.find_turn(recent) is not None
     bad = run_cli(op_settings, "prune", "--older-than", "soon")
     assert bad.returncode == 2 and bad.stderr.startswith("error: not an age: 'soon'")
+
+
+def test_worker_with_a_callback_it_cannot_import_stops_with_one_line(op_settings: Settings) -> None:
+    """A DURABLE_AGENT_UNCERTAIN_CALLBACK that names nothing importable stops the worker at
+    start with one line naming it, instead of a warning at every sweep."""
+    result = run_cli(
+        op_settings,
+        "worker",
+        DURABLE_AGENT_TOOLS="durable_agent_examples.email_tools",
+        DURABLE_AGENT_UNCERTAIN_CALLBACK="no_such_pager:page",
+    )
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "no_such_pager:page" in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
