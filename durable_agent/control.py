@@ -175,14 +175,15 @@ def parse_age(text: str) -> float:
 
 def prune(
     runtime: Runtime,
-    older_than_seconds: float,
+    older_than: float | str,
     *,
     dry_run: bool = False,
     batch: int = 500,
     blob_grace_seconds: float = BLOB_GRACE_SECONDS,
 ) -> PruneCount:
-    """Delete finished turns that ended more than ``older_than_seconds`` ago (see the module
-    docstring); with ``dry_run``, only count them."""
+    """Delete finished turns that ended more than ``older_than`` ago (seconds, or an age such
+    as ``"30d"``; see the module docstring); with ``dry_run``, only count them."""
+    older_than_seconds = parse_age(older_than) if isinstance(older_than, str) else older_than
     if isinstance(older_than_seconds, bool) or not isinstance(older_than_seconds, int | float):
         raise InvalidArgument("older_than_seconds must be a number of seconds")
     if not 0 < older_than_seconds < float("inf"):

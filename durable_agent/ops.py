@@ -30,15 +30,16 @@ def cancel_turn(
 
 
 def prune(
-    older_than_seconds: float,
+    older_than: float | str,
     *,
     dry_run: bool = False,
     batch: int = 500,
     settings: Settings | None = None,
 ) -> PruneCount:
-    """Delete finished turns that ended longer ago than this, with their journal and the
-    blobs nothing refers to any more; keeps turns with unresolved uncertain effects."""
-    return control.prune(runtime_for(settings), older_than_seconds, dry_run=dry_run, batch=batch)
+    """Delete finished turns that ended longer ago than ``older_than`` (seconds, or an age
+    such as ``"30d"``), with their journal and the blobs nothing refers to any more; keeps
+    turns with unresolved uncertain effects and sessions that still have an open turn."""
+    return control.prune(runtime_for(settings), older_than, dry_run=dry_run, batch=batch)
 
 
 def list_uncertain(

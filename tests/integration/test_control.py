@@ -500,7 +500,7 @@ def test_prune_deletes_old_finished_turns_and_keeps_what_is_still_needed(
     resolve_uncertain(unsure, 1, "not_happened", by="ada", settings=op_settings)
     from durable_agent import prune
 
-    assert prune(30 * 86_400, settings=op_settings).turns == 1
+    assert prune("30d", settings=op_settings).turns == 1
     assert store.find_turn(unsure) is None
     assert store.find_turn(open_session) is not None and store.find_turn(recent) is not None
     bad = run_cli(op_settings, "prune", "--older-than", "soon")
