@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from . import approvals, control, uncertain
+from . import approvals, control, retention, uncertain
 from .control import check_by, check_note
 from .errors import InvalidArgument
 from .inputs import check_id
@@ -52,9 +52,9 @@ def cmd_cancel(runtime: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_prune(runtime: Runtime, args: argparse.Namespace) -> int:
-    seconds = control.parse_age(args.older_than)
+    seconds = retention.parse_age(args.older_than)
     runtime.require_schema()
-    count = control.prune(runtime, seconds, dry_run=args.dry_run, batch=args.batch)
+    count = retention.prune(runtime, seconds, dry_run=args.dry_run, batch=args.batch)
     if args.json:
         print(json.dumps(_prune_json(count, args.dry_run)))
         return 0
@@ -81,7 +81,7 @@ def _prune_json(count: Any, dry_run: bool) -> dict[str, Any]:
 def _since(text: str) -> datetime:
     """An age (``2h``: since two hours ago) or an ISO time."""
     try:
-        return datetime.now(UTC) - timedelta(seconds=control.parse_age(text))
+        return datetime.now(UTC) - timedelta(seconds=retention.parse_age(text))
     except InvalidArgument:
         pass
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from . import approvals, control, uncertain
+from . import approvals, control, retention, uncertain
 from .control import CancelResult
 from .journal.control import Approval, PruneCount
 from .runtime import runtime_for
@@ -39,7 +39,7 @@ def prune(
     """Delete finished turns that ended longer ago than ``older_than`` (seconds, or an age
     such as ``"30d"``), with their journal and the blobs nothing refers to any more; keeps
     turns with unresolved uncertain effects and sessions that still have an open turn."""
-    return control.prune(runtime_for(settings), older_than, dry_run=dry_run, batch=batch)
+    return retention.prune(runtime_for(settings), older_than, dry_run=dry_run, batch=batch)
 
 
 def list_uncertain(

@@ -11,9 +11,10 @@ import pytest
 
 from durable_agent import ConfigurationError, InvalidArgument, Settings, tool
 from durable_agent.approvals import Gate
-from durable_agent.control import check_note, parse_age
+from durable_agent.control import check_note
 from durable_agent.errors import ReplayDiverged, ToolDefinitionError, TurnParked
 from durable_agent.journal.control import Approval
+from durable_agent.retention import parse_age
 from durable_agent.runner import StepRunner
 from durable_agent.settings import load_settings
 from durable_agent.testing import MemoryJournal, make_step
