@@ -23,6 +23,15 @@ from .errors import (
 )
 from .journal import Step, Turn, TurnStatus
 from .loop import Loop, TurnContext
+from .ops import (
+    approve,
+    cancel_turn,
+    deny,
+    list_approvals,
+    list_uncertain,
+    prune,
+    resolve_uncertain,
+)
 from .runtime import Runtime, runtime_for
 from .settings import Settings
 from .tools import Tool, tool
@@ -50,8 +59,15 @@ __all__ = [
     "TurnNotFound",
     "TurnStatus",
     "agent_turn",
+    "approve",
+    "cancel_turn",
     "current_call",
+    "deny",
     "get_turn",
+    "list_approvals",
+    "list_uncertain",
+    "prune",
+    "resolve_uncertain",
     "run_turn",
     "runtime_for",
     "start_turn",

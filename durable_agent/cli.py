@@ -153,6 +153,9 @@ def cmd_wait(runtime: Runtime, args: argparse.Namespace) -> int:
     if turn.status == "done":
         print(printable(turn.reply or ""))
         return 0
+    if turn.status == "cancelled":
+        error_line(f"error: turn {turn.turn_id} was {turn.error}")
+        return EXIT_FAILED
     error_line(f"error: turn {turn.turn_id} failed: {turn.error}")
     return EXIT_FAILED
 
@@ -303,6 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("turn_id")
     replay.add_argument("--json", action="store_true", help="print the report as JSON")
 
+    from .control_cli import register as add_operator_commands
+
+    add_operator_commands(add)  # cancel, prune, uncertain, resolve, approvals, approve, deny
     add("eval", cmd_evals, "the evals of the pattern: crash-matrix, heed-note, two-workers, replay")
     add("demo", cmd_evals, "run a turn, kill its worker mid-way, watch another worker finish it")
     return parser

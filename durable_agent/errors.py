@@ -12,7 +12,9 @@ The tree is shallow on purpose::
     │   ├── ReplayDiverged        the journal records another call at this step
     │   └── StepLimitReached      the turn hit its step cap
     ├── ModelUnavailable          the model API kept failing; the turn stays resumable (retryable)
-    └── LeaseLost                 another worker owns the turn now; stop, write nothing more
+    ├── LeaseLost                 another worker owns the turn now; stop, write nothing more
+    ├── TurnCancelled             someone cancelled the turn; it ends 'cancelled' at this step
+    └── TurnParked                a tool call waits for a person's approval; the turn waits
 
 ``retryable`` says whether running the same thing again later can succeed.
 The driver's own exception is kept as ``__cause__``.
@@ -87,3 +89,13 @@ class LeaseLost(DurableAgentError):
     """Another worker took this turn over (its epoch moved on); this worker must stop the turn."""
 
     retryable = True
+
+
+class TurnCancelled(DurableAgentError):
+    """Someone asked the turn to stop (``cancel_turn``); the worker ends it as cancelled at
+    this step boundary and writes nothing more."""
+
+
+class TurnParked(DurableAgentError):
+    """A tool call needs a person's approval: the turn is parked (status ``waiting``, no
+    claim) until ``approve`` or ``deny`` decides, and any worker then resumes it."""

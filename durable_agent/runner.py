@@ -45,6 +45,14 @@ class Guard(Protocol):
     def still_claimed(self) -> bool: ...
 
 
+class ApprovalGate(Protocol):
+    """Before a new tool call runs: raises TurnParked while a person has not decided, returns
+    the result the model reads instead of running a denied call, or None to run it (and
+    may note the decision in the intent)."""
+
+    def __call__(self, step: int, tool: Tool, intent: dict[str, Any]) -> dict[str, Any] | None: ...
+
+
 @dataclass
 class Divergence:
     step: int
@@ -63,6 +71,7 @@ class StepRunner:
         faults: Faults | None = None,
         max_steps: int = 64,
         strict: bool = False,
+        approval_gate: ApprovalGate | None = None,
     ) -> None:
         self.journal = journal
         self.turn_id = journal.turn_id
@@ -71,6 +80,7 @@ class StepRunner:
         self.faults = faults or Faults()
         self.max_steps = max_steps
         self.strict = strict
+        self.approval_gate = approval_gate
         self.recorded = {row.step: row for row in journal.steps()}
         self.next_step = 0
         self.read_back: list[int] = []
@@ -165,6 +175,12 @@ class StepRunner:
                 {"arguments": arguments, "tool_call_id": call_id, "idempotency_key": key}
             )
             self.guard.check()
+            if self.approval_gate is not None:  # approvals.py: park, refuse, or go on
+                denial = self.approval_gate(step, t, intent)
+                if denial is not None:
+                    output = _canonical(denial)
+                    self._record_refusal(step, None, name, intent, t.replay, output)
+                    return str(output["content"])
             self.journal.insert_intent(step, "tool", name, intent, t.replay)
             if t.replay == "never":
                 self.guard.check()  # the intent is durable; the claim must still hold to act

@@ -177,6 +177,9 @@ class Runtime:
         the model endpoint configured.
         """
         self.require_schema()
+        from .uncertain import hooks
+
+        hooks(self)  # a DURABLE_AGENT_UNCERTAIN_CALLBACK that cannot be imported stops here
         self.turn_worker()
         self.agents  # noqa: B018 (a bad agent definition fails the start)
         if not len(self.tools):
@@ -261,7 +264,8 @@ class Runtime:
         return self.journal.list_turns(session_id, limit=limit)
 
     def wait_for_turn(self, turn_id: str, timeout: float = 60.0, poll_seconds: float = 0.1) -> Turn:
-        """Wait until the turn is done or failed; raises TimeoutError after ``timeout`` s."""
+        """Wait until the turn is done, failed or cancelled; raises TimeoutError after
+        ``timeout`` s (a turn waiting for an approval has not ended)."""
         check_id("turn_id", turn_id)
         timeout = check_timeout(timeout)
         if check_timeout(poll_seconds) <= 0:
@@ -273,6 +277,8 @@ class Runtime:
                 return turn
             if time.monotonic() >= deadline:
                 last_error = f", last error: {turn.error}" if turn.error else ""
+                if turn.status == TurnStatus.WAITING:
+                    last_error = ", parked until a tool call is approved or denied"
                 raise TimeoutError(
                     f"turn {turn_id} is still {turn.status} after {timeout:g}s "
                     f"(attempts {turn.attempts}{last_error})"

@@ -78,6 +78,20 @@ class Settings(BaseSettings):
 
     blob_threshold_bytes: int = Field(default=16 * 1024, ge=256, le=64 * 1024 * 1024)
 
+    # operating it (control.py, uncertain.py, approvals.py)
+    approval_required: str = Field(
+        default="", description="comma-separated tools whose calls wait for a person's approval"
+    )
+    uncertain_task: str = Field(
+        default="", description="Celery task sent each new uncertain effect (its JSON)"
+    )
+    uncertain_queue: str = Field(
+        default="", description="the queue of uncertain_task ('' : <queue>.uncertain)"
+    )
+    uncertain_callback: str = Field(
+        default="", description="'module:function' called with each new uncertain effect"
+    )
+
     @field_validator("database_url")
     @classmethod
     def _database_url_is_postgres(cls, url: str) -> str:
@@ -101,6 +115,24 @@ class Settings(BaseSettings):
         if not _NAME.fullmatch(value):
             raise ValueError("must be 1-200 characters with no spaces or control characters")
         return value
+
+    @field_validator("uncertain_callback")
+    @classmethod
+    def _callable_path(cls, value: str) -> str:
+        if value and not _CALLABLE.fullmatch(value):
+            raise ValueError(f"expected 'package.module:function', got {value!r}")
+        return value
+
+    @field_validator("uncertain_task", "uncertain_queue")
+    @classmethod
+    def _optional_name(cls, value: str) -> str:
+        if value and not _NAME.fullmatch(value):
+            raise ValueError("must be 1-200 characters with no spaces or control characters")
+        return value
+
+    @property
+    def approval_tools(self) -> frozenset[str]:
+        return frozenset(n.strip() for n in self.approval_required.split(",") if n.strip())
 
     @field_validator("tool_labels")
     @classmethod
@@ -130,6 +162,7 @@ class Settings(BaseSettings):
 
 
 _NAME = re.compile(r"[^\s\x00-\x1f\x7f]{1,200}")
+_CALLABLE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps", "pyamqp")
 _BROKER_QUERY = {
     "redis": {

@@ -10,6 +10,10 @@ there for turns that
 * were deferred (the model API was down) and are due again (sent once when due), or
 * were last enqueued longer ago than ``requeue_after`` and are still not running.
 
+A turn parked for an approval (``waiting``) or cancelled is never sent: a decision sends the
+first, the second has ended. A pass also hands new uncertain effects to the configured hooks
+(``uncertain.py``).
+
 Deliveries never schedule themselves with a countdown; these passes are how a turn gets
 looked at again.
 
@@ -28,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from .errors import DurableAgentError, ServiceUnavailable
 from .queue import new_message_id, send
+from .uncertain import notify_new
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -48,6 +53,7 @@ class Sweeper:
 
     def sweep_once(self) -> list[tuple[str, str, str]]:
         runtime = self.runtime
+        notify_new(runtime)  # uncertain effects to the configured hooks (uncertain.py)
         runtime.leases.end_dead_local_holders()  # their turns are then due as 'claim expired'
         dead_receivers = runtime.leases.dead_local_receivers()
         with runtime.database.transaction() as tx:

@@ -14,6 +14,7 @@ runner with a key stable for the call, and is hidden from the model.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import inspect
 import re
@@ -29,6 +30,7 @@ from .errors import ConfigurationError, ToolDefinitionError
 
 Replay = Literal["safe", "never"]
 LABELS: tuple[Replay, ...] = ("safe", "never")
+Approval = Literal["none", "required"]
 IDEMPOTENCY_PARAMETER = "idempotency_key"
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _MISSING: Any = object()
@@ -45,6 +47,7 @@ class Tool:
     arguments: type[pydantic.BaseModel]
     wants_idempotency_key: bool
     module: str = field(default="")
+    approval: Approval = "none"  # "required": the turn waits for a person's yes (approvals.py)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the plain function (tools stay usable as ordinary functions)."""
@@ -104,9 +107,11 @@ def tool(
     *,
     replay: Replay = _MISSING,
     name: str | None = None,
+    approval: Approval = "none",
     **unknown: Any,
 ) -> Callable[[Callable[..., Any]], Tool]:
-    """Declare a tool. ``replay`` is required: ``"safe"`` or ``"never"``."""
+    """Declare a tool. ``replay`` is required: ``"safe"`` or ``"never"``. With
+    ``approval="required"`` each call waits for a person's decision before it runs."""
     if unknown:
         raise ToolDefinitionError(
             f"tool() got unknown argument(s) {', '.join(sorted(unknown))}; "
@@ -129,7 +134,12 @@ def tool(
             raise ToolDefinitionError(
                 f"@tool on {fn.__qualname__!r}: replay must be 'safe' or 'never', got {replay!r}"
             )
-        built = _build(fn, replay, name or fn.__name__)
+        if approval not in ("none", "required"):
+            raise ToolDefinitionError(
+                f"@tool on {fn.__qualname__!r}: approval must be 'none' or 'required', "
+                f"got {approval!r}"
+            )
+        built = dataclasses.replace(_build(fn, replay, name or fn.__name__), approval=approval)
         _register(built)
         return built
 

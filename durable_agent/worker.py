@@ -16,7 +16,16 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from .agents import BoundAgent, changes
-from .errors import LeaseLost, ModelUnavailable, ServiceUnavailable, TurnFailed
+from .approvals import approval_gate
+from .control import end_cancelled, stop_if_cancelled
+from .errors import (
+    LeaseLost,
+    ModelUnavailable,
+    ServiceUnavailable,
+    TurnCancelled,
+    TurnFailed,
+    TurnParked,
+)
 from .faults import Faults
 from .heartbeat import Heartbeat
 from .journal import Refusal, worker_identity
@@ -43,6 +52,8 @@ class Outcome(StrEnum):
     DEFERRED = "deferred"  # given back (the model API kept failing, or the journal lost its
     # last writes in a Postgres crash); the turn runs again after a backoff, or at once
     LOST = "lost"  # another worker took the turn over mid-run; this one stopped
+    CANCELLED = "cancelled"  # cancelled on request; stopped at a step boundary
+    PARKED = "parked"  # a tool call waits for approval; the decision sends the turn again
     INTERRUPTED = "interrupted"  # Postgres could not be reached; the message goes back
 
 
@@ -138,6 +149,8 @@ class TurnWorker:
         journal = self.store.for_claim(turn.turn_id, claim.epoch, empty=claim.epoch == 1)
         with Heartbeat(self.leases, turn.turn_id, claim.epoch, settings.lease_seconds) as beat:
             try:
+                if turn.attempts > 1:  # resuming: a cancel asked meanwhile stops it here
+                    stop_if_cancelled(self.runtime, turn.turn_id)
                 self._note_agent(claim, agent)
                 runner = StepRunner(
                     journal,
@@ -145,6 +158,7 @@ class TurnWorker:
                     guard=beat,
                     faults=self.faults,
                     max_steps=agent.max_steps,
+                    approval_gate=approval_gate(self.runtime, agent.tools, claim, journal.flush),
                 )
                 # the first turn of a session has no history: none is read then
                 history = self.store.session_history(turn.session_id, turn.seq) if turn.seq else []
@@ -156,6 +170,13 @@ class TurnWorker:
                 if ended is None:
                     raise LeaseLost(f"turn {turn.turn_id}: reply not recorded, epoch moved on")
                 delivery.detail, delivery.follow_up = reply, ended.next_turn
+            except TurnCancelled as error:  # control.py
+                _flush_quietly(journal)  # a call that ran before the cancel keeps its outcome
+                ended = end_cancelled(self.runtime, turn.turn_id, claim.epoch)
+                delivery.outcome, delivery.detail = Outcome.CANCELLED, str(error)
+                delivery.follow_up = ended.next_turn if ended else None
+            except TurnParked as error:  # approvals.py
+                delivery.outcome, delivery.detail = Outcome.PARKED, str(error)
             except LeaseLost as error:
                 if beat.unreachable:  # not taken over: Postgres was out of reach for a lease
                     delivery.outcome, delivery.detail = Outcome.INTERRUPTED, str(error)

@@ -154,6 +154,8 @@ def _refusal(state: Row, queues: list[str] | None) -> Refusal:
     now: datetime = _aware(state["now"])
     if turn.finished:
         return Refusal("finished", f"turn {turn.turn_id} is already {turn.status}")
+    if turn.status == "waiting":
+        return Refusal("parked", f"turn {turn.turn_id} waits for an approval (see approvals.py)")
     if queues is not None and turn.queue and turn.queue not in queues:
         return Refusal(
             "elsewhere",

@@ -31,6 +31,11 @@ def current_version(db: Database) -> int | None:
     return int(version) if version is not None else None
 
 
+def applied_versions(db: Database) -> set[int]:
+    """The versions recorded in the database (gaps allowed)."""
+    return {row["version"] for row in db.run("applied_versions")}
+
+
 def migrate(db: Database) -> list[Migration]:
     """Apply the missing migrations; return the ones this call applied."""
     applied = []
@@ -65,4 +70,11 @@ def require_current(db: Database) -> None:
         raise ConfigurationError(
             f"the database at {describe_url(db.url)} is at schema version {version}, newer than "
             f"this code ({want}): upgrade durable-agent"
+        )
+    applied = applied_versions(db)
+    missing = [m.name for m in migrations() if m.version not in applied]
+    if missing:  # versions need not be contiguous: one added later may sit below the newest
+        raise ConfigurationError(
+            f"the database at {describe_url(db.url)} lacks {', '.join(missing)}: "
+            "run `durable-agent migrate`"
         )

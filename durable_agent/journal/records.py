@@ -14,16 +14,18 @@ StepStatus = Literal["intent", "done"]
 
 
 class TurnStatus(StrEnum):
-    """Where a turn is. ``done`` and ``failed`` are final."""
+    """Where a turn is. ``done``, ``failed`` and ``cancelled`` are final."""
 
     QUEUED = "queued"  # recorded, waiting for a worker (or deferred after a model outage)
     RUNNING = "running"  # claimed by a worker (its lease may have run out)
+    WAITING = "waiting"  # parked until a person approves or denies a tool call; no claim
     DONE = "done"
     FAILED = "failed"
+    CANCELLED = "cancelled"  # stopped at a step boundary on request (see control.py)
 
 
-OPEN_STATUSES = frozenset({TurnStatus.QUEUED, TurnStatus.RUNNING})
-FINAL_STATUSES = frozenset({TurnStatus.DONE, TurnStatus.FAILED})
+OPEN_STATUSES = frozenset({TurnStatus.QUEUED, TurnStatus.RUNNING, TurnStatus.WAITING})
+FINAL_STATUSES = frozenset({TurnStatus.DONE, TurnStatus.FAILED, TurnStatus.CANCELLED})
 
 
 class _Row:
@@ -173,7 +175,7 @@ class Ended(NamedTuple):
     next_turn: tuple[str, str, str] | None = None
 
 
-RefusalReason = Literal["finished", "leased", "deferred", "waiting", "elsewhere"]
+RefusalReason = Literal["finished", "leased", "deferred", "waiting", "elsewhere", "parked"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,9 @@ from typing import Any
 
 import psycopg
 
-from ..errors import InvalidArgument, LeaseLost, TurnNotFound
+from ..errors import InvalidArgument, LeaseLost, TurnCancelled, TurnNotFound
 from .codec import digest, dumps
+from .control import ControlStore
 from .db import Database
 from .records import Kind, Replay, Step, Turn
 
@@ -262,11 +263,18 @@ class JournalStore:
         self.db.run("put_blob", sha256=sha, data=encoded, size=len(encoded))
         return None, sha
 
-    def _lost(self, turn_id: str, epoch: int, what: str) -> LeaseLost:
+    def _lost(self, turn_id: str, epoch: int, what: str) -> LeaseLost | TurnCancelled:
         turn = self.find_turn(turn_id)
         if turn is None:
             return LeaseLost(f"turn {turn_id} no longer exists; {what} not written")
         if turn.lease_epoch == epoch and turn.status == "running":
+            cancel = ControlStore(self.db).find_cancellation(turn_id)
+            if cancel is not None:  # the step boundary where a cancel stops the turn
+                return TurnCancelled(
+                    f"turn {turn_id} cancelled by {cancel.requested_by}"
+                    + (f": {cancel.reason}" if cancel.reason else "")
+                    + f"; {what} not written"
+                )
             return LeaseLost(
                 f"turn {turn_id}: {what} rejected: the journal lost its last writes "
                 "(Postgres restarted after a crash); the turn starts again from what survived"

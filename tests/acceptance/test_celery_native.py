@@ -146,15 +146,15 @@ def test_task_states_mean_something_in_flower(
     assert stack.wait_turn(failing, 30).status == "failed"
     runtime_for(settings).celery.tasks[RUN_TURN].delay("s-fails", failing)  # a duplicate
 
-    # the broker carries the events of every test's workers: keep this test's worker's
-    mine = f"{stack.workers[0].name}-{os.getpid()}-"
-
     def outcome(kind: str) -> list[dict[str, Any]]:
-        return [
-            e
+        # events are broadcast to every receiver on the broker: keep those of this test's
+        # turn (tasks received with its id), not those of tests run alongside
+        ours = {
+            e.get("uuid")
             for e in task_events
-            if e.get("type") == kind and str(e.get("hostname", "")).startswith(mine)
-        ]
+            if e.get("type") == "task-received" and failing in str(e.get("args", ""))
+        }
+        return [e for e in task_events if e.get("type") == kind and e.get("uuid") in ours]
 
     wait_until(lambda: outcome("task-failed") and outcome("task-succeeded"), 20, "the events")
     failed = outcome("task-failed")[0]

@@ -46,7 +46,16 @@ def test_migrate_on_empty_database_applies_0001_and_records_it(empty_db: Databas
     assert applied[0].name == "0001_initial.sql"
     assert _versions(empty_db) == [(m.version, m.name) for m in available()]
     assert current_version(empty_db) == latest_version()
-    assert _tables(empty_db) == {"turns", "journal", "blobs", "schema_version"}
+    assert _tables(empty_db) == {
+        "turns",
+        "journal",
+        "blobs",
+        "schema_version",
+        "cancellations",
+        "approvals",
+        "resolutions",
+        "uncertain_notices",
+    }
     require_current(empty_db)  # does not raise
 
 
@@ -129,10 +138,30 @@ def test_migrations_build_exactly_schema_sql(
     for part in _CATALOG:
         assert applied[part] == declared[part], part
     tables = {row[0] for row in applied["columns"]}
-    assert tables == {"turns", "journal", "blobs", "schema_version"}
+    assert tables == {
+        "turns",
+        "journal",
+        "blobs",
+        "schema_version",
+        "cancellations",
+        "approvals",
+        "resolutions",
+        "uncertain_notices",
+    }
 
 
 def test_require_current_on_empty_database_says_to_migrate(empty_db: Database) -> None:
     """An unmigrated database is a configuration error that names the command to run."""
     with pytest.raises(ConfigurationError, match=r"run `durable-agent migrate`"):
+        require_current(empty_db)
+
+
+def test_require_current_sees_a_gap_below_the_newest_version(empty_db: Database) -> None:
+    """Versions need not be contiguous (branches add them in parallel): a database at the
+    newest version that lacks an older one (merged later) is told to migrate."""
+    migrate(empty_db)
+    with psycopg.connect(empty_db.conninfo, autocommit=True) as conn:
+        conn.execute("DELETE FROM schema_version WHERE version = 2")
+
+    with pytest.raises(ConfigurationError, match=r"lacks 0002_[a-z_]+\.sql: run `durable-agent"):
         require_current(empty_db)

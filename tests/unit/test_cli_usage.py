@@ -16,7 +16,23 @@ import pytest
 
 from durable_agent.cli import main
 
-COMMANDS = ["migrate", "worker", "sweep", "submit", "wait", "journal", "turns", "replay"]
+COMMANDS = [
+    "migrate",
+    "worker",
+    "sweep",
+    "submit",
+    "wait",
+    "journal",
+    "turns",
+    "replay",
+    "cancel",
+    "prune",
+    "uncertain",
+    "resolve",
+    "approvals",
+    "approve",
+    "deny",
+]
 UNREACHABLE = "postgresql://root:s3cret-pw@127.0.0.1:1/nowhere"
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
@@ -187,6 +203,13 @@ def test_bad_database_url_prints_one_error_line(cli: Cli, url: str, expected: st
         ["eval", "crash-matrix", "--relabel", "send_email=maybe"],
         ["eval", "crash-matrix", "--relabel", "send_email"],
         ["eval", "crash-matrix", "--point", "3:somewhere"],
+        ["resolve", "turn_x", "3"],
+        ["resolve", "turn_x", "three", "--happened"],
+        ["resolve", "turn_x", "3", "--happened", "--ignore"],
+        ["approve", "turn_x", "-1"],
+        ["deny", "turn_x", "3"],
+        ["prune"],
+        ["prune", "--older-than", "30d", "--batch", "0"],
     ],
     ids=" ".join,
 )
@@ -213,6 +236,17 @@ BAD_UTF8 = os.fsdecode(b"turn-\xff\xfe")  # what Python makes of invalid UTF-8 i
         ["submit", "--session", "s", "--turn-id", BAD_UTF8, "hello"],
         ["submit", "--session", "x" * 201, "hello"],
         ["submit", "--session", "s", ""],
+        ["cancel", BAD_UTF8],
+        ["cancel", "turn_x", "--reason", "x" * 5000],
+        ["cancel", "turn_x", "--by", BAD_UTF8],
+        ["resolve", "turn_x", "3", "--happened", "--note", BAD_UTF8],
+        ["approve", BAD_UTF8, "3"],
+        ["deny", "turn_x", "3", "--reason", " "],
+        ["uncertain", "--since", "yesterday"],
+        ["uncertain", "--turn", "x" * 201],
+        ["approvals", "--turn", BAD_UTF8],
+        ["prune", "--older-than", "soon"],
+        ["prune", "--older-than", "0d"],
     ],
     ids=lambda a: " ".join(a)[:40],
 )

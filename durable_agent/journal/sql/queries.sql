@@ -104,7 +104,8 @@ WHERE j.turn_id = :turn_id
 ORDER BY j.step;
 
 -- name: insert_step
--- An intent (status 'intent') or a call that ran nothing (status 'done').
+-- An intent (status 'intent') or a call that ran nothing (status 'done'). A cancelled turn
+-- takes no new step: this is the step boundary where a cancel stops it.
 WITH flush AS (
     SELECT set_config('synchronous_commit',
                       CASE WHEN :durable THEN current_setting('synchronous_commit')
@@ -113,6 +114,7 @@ WITH flush AS (
 fence AS (
     SELECT turn_id FROM turns, flush
     WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running'
+      AND NOT EXISTS (SELECT 1 FROM cancellations AS c WHERE c.turn_id = :turn_id)
       AND (:step = 0 OR EXISTS (SELECT 1 FROM journal AS before
                                 WHERE before.turn_id = :turn_id AND before.step = :step - 1
                                   AND before.status = 'done'))
@@ -149,6 +151,7 @@ RETURNING j.step;
 -- name: finish_and_insert_step
 -- The outcome of step :step - 1 (a model call or a safe tool, held back by the writer) and
 -- the next step in one round trip: insert_step's fence, and the step before it done here.
+-- A cancel stops the new step, not the outcome of the call that already ran.
 WITH flush AS (
     SELECT set_config('synchronous_commit',
                       CASE WHEN :durable THEN current_setting('synchronous_commit')
@@ -174,6 +177,7 @@ SELECT finished.turn_id, :step, :kind, :name, CAST(:input AS jsonb), :replay, :s
        CAST(:output AS jsonb), :blob, :epoch, durable_agent_now(),
        CASE WHEN :status = 'done' THEN durable_agent_now() END
 FROM finished
+WHERE NOT EXISTS (SELECT 1 FROM cancellations AS c WHERE c.turn_id = :turn_id)
 RETURNING step;
 
 -- name: insert_step_unfenced
@@ -184,10 +188,12 @@ VALUES (:turn_id, :step, 'model', 'llm', '{}', 'safe', 'intent', :epoch);
 
 -- name: put_blob
 -- Before the step that refers to it (WAL order keeps it there whenever the step survives).
+-- A blob stored again is made young again, so prune (which spares young blobs) cannot
+-- delete it between this write and the step that refers to it.
 WITH flush AS (SELECT set_config('synchronous_commit', 'off', true))
 INSERT INTO blobs (sha256, data, size_bytes)
 SELECT :sha256, CAST(:data AS jsonb), :size FROM flush
-ON CONFLICT (sha256) DO NOTHING;
+ON CONFLICT (sha256) DO UPDATE SET created_at = durable_agent_now();
 
 -- ---------------------------------------------------------------------------------------
 -- claims
@@ -310,6 +316,7 @@ SELECT pg_try_advisory_xact_lock(:key);
 -- Only turns no live claim holds are looked at: an expired claim counts as none, so a turn
 -- re-sent after its claim expired is sent again if that message is lost too.
 -- A turn waiting for an earlier turn of its session is not due: that turn's end sends it.
+-- A turn parked for an approval ('waiting') is never due: the decision sends it.
 -- Cost: one pass over the open turns, the queue figures once per queue, and the session
 -- order checked (an index probe) on the due turns in order only until a batch is found
 -- (OFFSET 0 keeps the planner from checking all of them first, whatever its statistics):
@@ -372,7 +379,7 @@ SELECT d.session_id, d.turn_id, d.queue, d.why
 FROM (SELECT * FROM due WHERE why IS NOT NULL ORDER BY created_at OFFSET 0) AS d
 WHERE NOT EXISTS (SELECT 1 FROM turns AS e
                   WHERE e.session_id = d.session_id AND e.seq < d.seq
-                    AND e.status IN ('queued', 'running'))
+                    AND e.status IN ('queued', 'running', 'waiting'))
 ORDER BY d.created_at
 LIMIT :batch;
 
@@ -382,6 +389,220 @@ LIMIT :batch;
 SELECT DISTINCT received_by FROM turns
 WHERE status = 'queued' AND lease_owner IS NULL AND received_by LIKE :pattern
   AND received_message_id = message_id;
+
+-- ---------------------------------------------------------------------------------------
+-- operating it: cancel, prune, the uncertain-effects inbox, approvals (journal/control.py)
+-- ---------------------------------------------------------------------------------------
+
+-- name: request_cancel
+-- Ask an open turn to stop (once: a second request keeps the first one's who and why).
+INSERT INTO cancellations (turn_id, requested_by, reason, requested_at)
+SELECT turn_id, :requested_by, :reason, durable_agent_now() FROM turns
+WHERE turn_id = :turn_id AND status IN ('queued', 'running', 'waiting')
+ON CONFLICT (turn_id) DO NOTHING
+RETURNING turn_id;
+
+-- name: find_cancellation
+SELECT turn_id, requested_by, reason, requested_at FROM cancellations WHERE turn_id = :turn_id;
+
+-- name: end_unheld_cancelled
+-- End at once a cancelled turn that no worker holds (queued, waiting, or its claim ran
+-- out); with the next unfinished turn of its session, which may run now.
+WITH ended AS (
+    UPDATE turns AS t
+    SET status = 'cancelled',
+        error = 'cancelled by ' || c.requested_by || coalesce(': ' || c.reason, ''),
+        lease_owner = NULL, lease_expires_at = NULL, not_before = NULL,
+        finished_at = durable_agent_now(), updated_at = durable_agent_now()
+    FROM cancellations AS c
+    WHERE t.turn_id = :turn_id AND c.turn_id = t.turn_id
+      AND (t.status IN ('queued', 'waiting')
+           OR (t.status = 'running' AND t.lease_expires_at <= durable_agent_now()))
+    RETURNING t.session_id, t.seq
+)
+SELECT ended.session_id, ended.seq, next.turn_id AS next_turn_id, next.queue AS next_queue
+FROM ended LEFT JOIN LATERAL (
+    SELECT n.turn_id, n.queue FROM turns AS n
+    WHERE n.session_id = ended.session_id AND n.seq > ended.seq
+      AND n.status IN ('queued', 'running')
+    ORDER BY n.seq LIMIT 1
+) AS next ON true;
+
+-- name: end_claimed_cancelled
+-- The worker holding a cancelled turn ends it at a step boundary (fenced by its epoch).
+WITH ended AS (
+    UPDATE turns AS t
+    SET status = 'cancelled',
+        error = 'cancelled by ' || c.requested_by || coalesce(': ' || c.reason, ''),
+        lease_owner = NULL, lease_expires_at = NULL,
+        finished_at = durable_agent_now(), updated_at = durable_agent_now()
+    FROM cancellations AS c
+    WHERE t.turn_id = :turn_id AND c.turn_id = t.turn_id AND t.lease_epoch = :epoch
+      AND t.status = 'running'
+    RETURNING t.session_id, t.seq
+)
+SELECT ended.session_id, ended.seq, next.turn_id AS next_turn_id, next.queue AS next_queue
+FROM ended LEFT JOIN LATERAL (
+    SELECT n.turn_id, n.queue FROM turns AS n
+    WHERE n.session_id = ended.session_id AND n.seq > ended.seq
+      AND n.status IN ('queued', 'running')
+    ORDER BY n.seq LIMIT 1
+) AS next ON true;
+
+-- name: prune_preview
+-- What prune would delete: finished turns older than the cutoff whose session has no open
+-- turn, and the finished turns it keeps for their unresolved uncertain effects.
+WITH old AS (
+    SELECT t.turn_id,
+           EXISTS (SELECT 1 FROM journal AS j
+                   WHERE j.turn_id = t.turn_id AND j.replay = 'never'
+                     AND (j.status = 'intent' OR j.output @> '{"uncertain": true}')
+                     AND NOT EXISTS (SELECT 1 FROM resolutions AS r
+                                     WHERE r.turn_id = j.turn_id AND r.step = j.step))
+             AS unresolved
+    FROM turns AS t
+    WHERE t.status IN ('done', 'failed', 'cancelled')
+      AND t.finished_at < durable_agent_now() - make_interval(secs => :older_than)
+      AND NOT EXISTS (SELECT 1 FROM turns AS o WHERE o.session_id = t.session_id
+                      AND o.status IN ('queued', 'running', 'waiting'))
+)
+SELECT count(*) FILTER (WHERE NOT unresolved) AS turns,
+       (SELECT count(*) FROM journal AS j
+        WHERE j.turn_id IN (SELECT turn_id FROM old WHERE NOT unresolved)) AS steps,
+       count(*) FILTER (WHERE unresolved) AS kept
+FROM old;
+
+-- name: prune_turns
+-- Delete one batch of what prune_preview counts (their journal, approvals, cancellations
+-- and resolutions go with them). Rows another transaction holds are skipped, not waited for.
+WITH doomed AS (
+    SELECT t.turn_id FROM turns AS t
+    WHERE t.status IN ('done', 'failed', 'cancelled')
+      AND t.finished_at < durable_agent_now() - make_interval(secs => :older_than)
+      AND NOT EXISTS (SELECT 1 FROM turns AS o WHERE o.session_id = t.session_id
+                      AND o.status IN ('queued', 'running', 'waiting'))
+      AND NOT EXISTS (SELECT 1 FROM journal AS j
+                      WHERE j.turn_id = t.turn_id AND j.replay = 'never'
+                        AND (j.status = 'intent' OR j.output @> '{"uncertain": true}')
+                        AND NOT EXISTS (SELECT 1 FROM resolutions AS r
+                                        WHERE r.turn_id = j.turn_id AND r.step = j.step))
+    ORDER BY t.finished_at
+    LIMIT :batch
+    FOR UPDATE OF t SKIP LOCKED
+),
+steps AS (SELECT count(*) AS n FROM journal WHERE turn_id IN (SELECT turn_id FROM doomed)),
+gone AS (DELETE FROM turns WHERE turn_id IN (SELECT turn_id FROM doomed) RETURNING turn_id)
+SELECT (SELECT count(*) FROM gone) AS turns, (SELECT n FROM steps) AS steps;
+
+-- name: prune_blobs
+-- Delete one batch of blobs no journal row refers to, sparing those stored within :grace
+-- seconds (their step may be about to be written).
+DELETE FROM blobs WHERE sha256 IN (
+    SELECT b.sha256 FROM blobs AS b
+    WHERE b.created_at < durable_agent_now() - make_interval(secs => :grace)
+      AND NOT EXISTS (SELECT 1 FROM journal AS j WHERE j.output_blob = b.sha256)
+    LIMIT :batch
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING sha256;
+
+-- name: uncertain_effects
+-- never calls whose outcome is unknown: interrupted or raised (recorded "uncertain"), or an
+-- intent left in a turn that ended; with the latest resolution, if any.
+SELECT j.turn_id, j.step, j.name AS tool, j.input, j.status, j.output, j.created_at,
+       t.session_id, t.status AS turn_status,
+       r.verdict, r.note, r.resolved_by, r.resolved_at
+FROM journal AS j
+JOIN turns AS t ON t.turn_id = j.turn_id
+LEFT JOIN LATERAL (
+    SELECT verdict, note, resolved_by, resolved_at FROM resolutions AS r
+    WHERE r.turn_id = j.turn_id AND r.step = j.step
+    ORDER BY r.resolution_id DESC LIMIT 1
+) AS r ON true
+WHERE j.replay = 'never'
+  AND (j.output @> '{"uncertain": true}'
+       OR (j.status = 'intent' AND t.status IN ('done', 'failed', 'cancelled')))
+  AND j.created_at >= coalesce(CAST(:since AS timestamptz), '-infinity')
+  AND (CAST(:turn_id AS text) IS NULL OR j.turn_id = :turn_id)
+  AND (CAST(:step AS integer) IS NULL OR j.step = :step)
+  AND (:include_resolved OR r.verdict IS NULL)
+ORDER BY j.created_at, j.turn_id, j.step
+LIMIT :limit;
+
+-- name: record_resolution
+-- An operator's verdict on an uncertain effect (the journal row is not touched).
+INSERT INTO resolutions (turn_id, step, verdict, note, resolved_by, resolved_at)
+VALUES (:turn_id, :step, :verdict, :note, :resolved_by, durable_agent_now())
+RETURNING resolved_at;
+
+-- name: new_uncertain_notices
+-- Uncertain effects nobody was told of yet, marked as told (one batch). The caller's
+-- transaction holds them until the hook has them: a hook that fails leaves them untold.
+INSERT INTO uncertain_notices (turn_id, step, notified_at)
+SELECT j.turn_id, j.step, durable_agent_now()
+FROM journal AS j JOIN turns AS t ON t.turn_id = j.turn_id
+WHERE j.replay = 'never'
+  AND (j.output @> '{"uncertain": true}'
+       OR (j.status = 'intent' AND t.status IN ('done', 'failed', 'cancelled')))
+  AND NOT EXISTS (SELECT 1 FROM uncertain_notices AS n
+                  WHERE n.turn_id = j.turn_id AND n.step = j.step)
+ORDER BY j.created_at
+LIMIT :batch
+ON CONFLICT DO NOTHING
+RETURNING turn_id, step;
+
+-- name: find_approval
+SELECT turn_id, step, tool, arguments, idempotency_key, requested_at, decision, reason,
+       decided_by, decided_at
+FROM approvals WHERE turn_id = :turn_id AND step = :step;
+
+-- name: list_approvals
+-- Calls of waiting turns that wait for a decision (or all, with the turn's status), oldest
+-- first. A call left pending by a turn that was cancelled meanwhile waits for nothing.
+SELECT a.turn_id, a.step, a.tool, a.arguments, a.idempotency_key, a.requested_at,
+       a.decision, a.reason, a.decided_by, a.decided_at, t.status AS turn_status
+FROM approvals AS a JOIN turns AS t ON t.turn_id = a.turn_id
+WHERE (:include_decided OR (a.decision IS NULL AND t.status = 'waiting'))
+  AND (CAST(:turn_id AS text) IS NULL OR a.turn_id = :turn_id)
+ORDER BY a.requested_at, a.turn_id, a.step
+LIMIT :limit;
+
+-- name: park_for_approval
+-- The claim's holder parks the turn at a tool call that needs approval: the call is
+-- recorded as pending and the turn waits with no claim, no lease and no message, until a
+-- decision sends it again. Fenced by the epoch; a cancelled turn does not park.
+WITH parked AS (
+    UPDATE turns
+    SET status = 'waiting', lease_owner = NULL, lease_expires_at = NULL,
+        enqueued_at = NULL, message_id = NULL, updated_at = durable_agent_now()
+    WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running'
+      AND NOT EXISTS (SELECT 1 FROM cancellations AS c WHERE c.turn_id = :turn_id)
+    RETURNING turn_id
+),
+asked AS (
+    INSERT INTO approvals (turn_id, step, tool, arguments, idempotency_key, requested_at)
+    SELECT turn_id, :step, :tool, CAST(:arguments AS jsonb), :idempotency_key,
+           durable_agent_now()
+    FROM parked
+    ON CONFLICT (turn_id, step) DO NOTHING
+)
+SELECT turn_id FROM parked;
+
+-- name: decide_approval
+-- Approve or deny a pending call of a waiting turn, once; the turn is queued again (the
+-- caller sends it). Nothing changes unless the call is pending and the turn waiting.
+WITH decided AS (
+    UPDATE approvals
+    SET decision = :decision, reason = :reason, decided_by = :decided_by,
+        decided_at = durable_agent_now()
+    WHERE turn_id = :turn_id AND step = :step AND decision IS NULL
+      AND EXISTS (SELECT 1 FROM turns WHERE turn_id = :turn_id AND status = 'waiting')
+    RETURNING turn_id
+)
+UPDATE turns AS t SET status = 'queued', updated_at = durable_agent_now()
+FROM decided
+WHERE t.turn_id = decided.turn_id AND t.status = 'waiting'
+RETURNING t.session_id, t.turn_id, t.queue;
 
 -- ---------------------------------------------------------------------------------------
 -- schema versions and health

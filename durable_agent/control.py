@@ -1,0 +1,150 @@
+"""Cancel a turn, and who is acting (for every operator's command).
+
+**Cancel.** ``cancel_turn`` records who asked and why (``cancellations``). A turn that no
+worker holds (queued, parked for an approval, or whose claim ran out) ends ``cancelled`` at
+once. A turn a worker is running stops at its next step boundary: the journal refuses every
+new step of a cancelled turn (``insert_step``), the worker sees why and ends the turn as
+cancelled, fenced by its epoch. A call already running, above all a ``never`` tool, runs to
+its end and its outcome is recorded: a cancel never cuts a call in half. The session goes
+on: its next turn is sent.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .errors import DurableAgentError, InvalidArgument, TurnCancelled
+from .inputs import check_id
+from .journal.control import Cancellation, ControlStore
+from .journal.records import Ended, Turn
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+MAX_NOTE_CHARS = 2000
+
+
+def operator() -> str:
+    """Who is acting, when the caller does not say: ``user@host``."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def check_note(name: str, value: Any, *, required: bool = False) -> str | None:
+    """A free-text note (a reason, a resolution note), or InvalidArgument."""
+    if value is not None and not isinstance(value, str):
+        raise InvalidArgument(f"{name} must be text, got {type(value).__name__}")
+    if value is None or not value.strip():
+        if required:
+            raise InvalidArgument(f"{name} is required")
+        return None
+    if "\x00" in value or len(value) > MAX_NOTE_CHARS:
+        raise InvalidArgument(f"{name} must be at most {MAX_NOTE_CHARS} characters with no NUL")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{name} is not valid text (a lone surrogate)") from None
+    return value
+
+
+def check_by(value: Any) -> str:
+    """Who is acting (``None``: this user at this host)."""
+    if value is None:
+        return operator()
+    return check_id("by", value)
+
+
+@dataclass(frozen=True, slots=True)
+class CancelResult:
+    """What ``cancel_turn`` did: the turn as it is now, whether this call asked (a second
+    request keeps the first one's who and why), and the request on record."""
+
+    turn: Turn
+    requested: bool
+    cancellation: Cancellation | None
+
+    @property
+    def cancelled(self) -> bool:
+        return self.turn.status == "cancelled"
+
+    def describe(self) -> str:
+        turn = self.turn
+        if self.cancelled:
+            return f"turn {turn.turn_id} cancelled ({turn.error})"
+        if self.cancellation is None:
+            return f"turn {turn.turn_id} is already {turn.status}: nothing to cancel"
+        if turn.finished:
+            return (
+                f"turn {turn.turn_id} ended {turn.status} before it reached a step boundary; "
+                "the cancel came too late"
+            )
+        return (
+            f"turn {turn.turn_id} is held by {turn.lease_owner}: it stops at its next step "
+            f"boundary (cancel asked by {self.cancellation.requested_by})"
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        c = self.cancellation
+        return {
+            "turn": self.turn.as_json(),
+            "cancelled": self.cancelled,
+            "requested": self.requested,
+            "requested_by": c.requested_by if c else None,
+            "reason": c.reason if c else None,
+            "requested_at": c.requested_at.isoformat() if c else None,
+        }
+
+
+def cancel(
+    runtime: Runtime, turn_id: str, reason: str | None = None, *, by: str | None = None
+) -> CancelResult:
+    """Ask a turn to stop; see the module docstring."""
+    check_id("turn_id", turn_id)
+    reason = check_note("reason", reason)
+    who = check_by(by)
+    runtime.get_turn(turn_id)  # TurnNotFound for an unknown id
+    store = ControlStore(runtime.database)
+    requested = store.request_cancel(turn_id, who, reason)
+    ended = store.end_unheld_cancelled(turn_id)
+    if ended is not None:
+        log.info("turn %s cancelled by %s", turn_id, who)
+        send_next(runtime, ended)
+    return CancelResult(runtime.get_turn(turn_id), requested, store.find_cancellation(turn_id))
+
+
+def stop_if_cancelled(runtime: Runtime, turn_id: str) -> None:
+    """Raise TurnCancelled if someone asked the turn to stop: a claim that resumes a turn
+    checks first, so that it does not run an interrupted call again only to stop after it."""
+    cancel = ControlStore(runtime.database).find_cancellation(turn_id)
+    if cancel is not None:
+        raise TurnCancelled(
+            f"turn {turn_id} cancelled by {cancel.requested_by}"
+            + (f": {cancel.reason}" if cancel.reason else "")
+        )
+
+
+def end_cancelled(runtime: Runtime, turn_id: str, epoch: int) -> Ended | None:
+    """The worker holding a cancelled turn ends it (None if its epoch moved on)."""
+    ended = ControlStore(runtime.database).end_claimed_cancelled(turn_id, epoch)
+    if ended is not None:
+        log.warning("turn %s cancelled at a step boundary", turn_id)
+    return ended
+
+
+def send_next(runtime: Runtime, ended: Ended) -> None:
+    """Send the next turn of an ended turn's session (the sweeper does if this fails)."""
+    if ended.next_turn is None:
+        return
+    try:
+        runtime.enqueue(*ended.next_turn)
+    except DurableAgentError as error:
+        log.warning("could not enqueue %s (the sweeper will): %s", ended.next_turn, error)

@@ -1,0 +1,213 @@
+"""Operating turns: cancellations, approvals, resolutions of uncertain effects, pruning.
+
+One method per named query (``sql/queries.sql``, section "operating it"). The tables live
+beside the journal and never change it: a resolution is a verdict about a journal row, a
+decision on an approval is read by the runner when it reaches the call again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from .codec import dumps
+from .db import Database, Row, _Connected
+from .records import Ended, _Row
+
+
+@dataclass(frozen=True, slots=True)
+class Cancellation(_Row):
+    """Who asked a turn to stop, why and when."""
+
+    turn_id: str
+    requested_by: str
+    reason: str | None
+    requested_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Approval(_Row):
+    """A tool call that waits for (or got) a person's decision."""
+
+    turn_id: str
+    step: int
+    tool: str
+    arguments: dict[str, Any]
+    idempotency_key: str | None
+    requested_at: datetime
+    decision: str | None
+    reason: str | None
+    decided_by: str | None
+    decided_at: datetime | None
+    turn_status: str | None = None  # in listings
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "turn_id": self.turn_id,
+            "step": self.step,
+            "tool": self.tool,
+            "arguments": self.arguments,
+            "idempotency_key": self.idempotency_key,
+            "requested_at": self.requested_at.isoformat(),
+            "decision": self.decision,
+            "reason": self.reason,
+            "decided_by": self.decided_by,
+            "decided_at": self.decided_at.isoformat() if self.decided_at else None,
+            "turn_status": self.turn_status,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PruneCount:
+    """Finished turns (and their journal rows) deleted or to delete; turns kept for their
+    unresolved uncertain effects; blobs deleted."""
+
+    turns: int = 0
+    steps: int = 0
+    kept: int = 0
+    blobs: int = 0
+
+
+def _ended(row: Row | None) -> Ended | None:
+    if row is None:
+        return None
+    following = (
+        (row["session_id"], row["next_turn_id"], row["next_queue"]) if row["next_turn_id"] else None
+    )
+    return Ended(row["session_id"], row["seq"], following)
+
+
+class ControlStore:
+    """The queries of cancel, prune, the uncertain-effects inbox and approvals."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    # -- cancel ----------------------------------------------------------------------------
+
+    def request_cancel(self, turn_id: str, requested_by: str, reason: str | None) -> bool:
+        """Record the request; False if the turn is not open or was asked before."""
+        row = self.db.one(
+            "request_cancel", turn_id=turn_id, requested_by=requested_by, reason=reason
+        )
+        return row is not None
+
+    def find_cancellation(self, turn_id: str) -> Cancellation | None:
+        row = self.db.one("find_cancellation", turn_id=turn_id)
+        return Cancellation.from_row(row) if row else None
+
+    def end_unheld_cancelled(self, turn_id: str) -> Ended | None:
+        """End a cancelled turn no worker holds; None if a worker holds it (or it ended)."""
+        return _ended(self.db.one("end_unheld_cancelled", turn_id=turn_id))
+
+    def end_claimed_cancelled(self, turn_id: str, epoch: int) -> Ended | None:
+        """The holder at ``epoch`` ends its cancelled turn; None if the epoch moved on."""
+        return _ended(self.db.one("end_claimed_cancelled", turn_id=turn_id, epoch=epoch))
+
+    # -- prune -----------------------------------------------------------------------------
+
+    def prune_preview(self, older_than_seconds: float) -> PruneCount:
+        row = self.db.one("prune_preview", older_than=older_than_seconds)
+        assert row is not None
+        return PruneCount(turns=row["turns"], steps=row["steps"], kept=row["kept"])
+
+    def prune_turns(self, older_than_seconds: float, batch: int) -> PruneCount:
+        """Delete one batch of prunable turns (their journal goes with them)."""
+        row = self.db.one("prune_turns", older_than=older_than_seconds, batch=batch)
+        assert row is not None
+        return PruneCount(turns=row["turns"], steps=row["steps"] or 0)
+
+    def prune_blobs(self, grace_seconds: float, batch: int) -> int:
+        """Delete one batch of blobs no journal row refers to; how many."""
+        return len(self.db.run("prune_blobs", grace=grace_seconds, batch=batch))
+
+    # -- uncertain effects -----------------------------------------------------------------
+
+    def uncertain_effects(
+        self,
+        *,
+        since: datetime | None = None,
+        turn_id: str | None = None,
+        step: int | None = None,
+        include_resolved: bool = False,
+        limit: int = 1000,
+    ) -> list[Row]:
+        return self.db.run(
+            "uncertain_effects",
+            since=since,
+            turn_id=turn_id,
+            step=step,
+            include_resolved=include_resolved,
+            limit=limit,
+        )
+
+    def record_resolution(
+        self, turn_id: str, step: int, verdict: str, note: str | None, resolved_by: str
+    ) -> datetime:
+        row = self.db.one(
+            "record_resolution",
+            turn_id=turn_id,
+            step=step,
+            verdict=verdict,
+            note=note,
+            resolved_by=resolved_by,
+        )
+        assert row is not None
+        resolved_at: datetime = row["resolved_at"]
+        return resolved_at
+
+    @staticmethod
+    def new_uncertain_notices(tx: _Connected, batch: int) -> list[tuple[str, int]]:
+        """Inside the caller's transaction: mark a batch of untold effects as told."""
+        return [(r["turn_id"], r["step"]) for r in tx.run("new_uncertain_notices", batch=batch)]
+
+    # -- approvals -------------------------------------------------------------------------
+
+    def find_approval(self, turn_id: str, step: int) -> Approval | None:
+        row = self.db.one("find_approval", turn_id=turn_id, step=step)
+        return Approval.from_row(row) if row else None
+
+    def list_approvals(
+        self, *, turn_id: str | None = None, include_decided: bool = False, limit: int = 1000
+    ) -> list[Approval]:
+        rows = self.db.run(
+            "list_approvals", turn_id=turn_id, include_decided=include_decided, limit=limit
+        )
+        return [Approval.from_row(row) for row in rows]
+
+    def park_for_approval(
+        self,
+        turn_id: str,
+        epoch: int,
+        step: int,
+        tool: str,
+        arguments: dict[str, Any],
+        idempotency_key: str | None,
+    ) -> bool:
+        """Park the turn at this call; False if the epoch moved on or it was cancelled."""
+        row = self.db.one(
+            "park_for_approval",
+            turn_id=turn_id,
+            epoch=epoch,
+            step=step,
+            tool=tool,
+            arguments=dumps(arguments),
+            idempotency_key=idempotency_key,
+        )
+        return row is not None
+
+    def decide_approval(
+        self, turn_id: str, step: int, decision: str, reason: str | None, decided_by: str
+    ) -> tuple[str, str, str] | None:
+        """Decide a pending call of a waiting turn; (session_id, turn_id, queue) to send,
+        or None when nothing was pending."""
+        row = self.db.one(
+            "decide_approval",
+            turn_id=turn_id,
+            step=step,
+            decision=decision,
+            reason=reason,
+            decided_by=decided_by,
+        )
+        return (row["session_id"], row["turn_id"], row["queue"]) if row else None

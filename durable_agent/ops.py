@@ -1,0 +1,104 @@
+"""What an operator calls: cancel a turn, prune old ones, the uncertain-effects inbox and
+approvals. The same as the command line (``durable-agent cancel / prune / uncertain /
+resolve / approvals / approve / deny``), on the runtime of the settings given (the
+environment's when none). ``by`` says who acts (default ``user@host``); every decision is
+recorded with it and the time.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from . import approvals, control, retention, uncertain
+from .control import CancelResult
+from .journal.control import Approval, PruneCount
+from .runtime import runtime_for
+from .settings import Settings
+from .uncertain import UncertainEffect, Verdict
+
+
+def cancel_turn(
+    turn_id: str,
+    reason: str | None = None,
+    *,
+    by: str | None = None,
+    settings: Settings | None = None,
+) -> CancelResult:
+    """Stop the turn at its next step boundary (at once when no worker holds it); it ends
+    ``cancelled`` with who and why, and its session goes on. Never cuts a call in half."""
+    return control.cancel(runtime_for(settings), turn_id, reason, by=by)
+
+
+def prune(
+    older_than: float | str,
+    *,
+    dry_run: bool = False,
+    batch: int = 500,
+    settings: Settings | None = None,
+) -> PruneCount:
+    """Delete finished turns that ended longer ago than ``older_than`` (seconds, or an age
+    such as ``"30d"``), with their journal and the blobs nothing refers to any more; keeps
+    turns with unresolved uncertain effects and sessions that still have an open turn."""
+    return retention.prune(runtime_for(settings), older_than, dry_run=dry_run, batch=batch)
+
+
+def list_uncertain(
+    *,
+    since: datetime | None = None,
+    include_resolved: bool = False,
+    turn_id: str | None = None,
+    settings: Settings | None = None,
+) -> list[UncertainEffect]:
+    """never calls whose outcome is unknown, oldest first (unresolved ones by default)."""
+    return uncertain.list_uncertain(
+        runtime_for(settings), since=since, include_resolved=include_resolved, turn_id=turn_id
+    )
+
+
+def resolve_uncertain(
+    turn_id: str,
+    step: int,
+    verdict: Verdict,
+    *,
+    note: str | None = None,
+    by: str | None = None,
+    settings: Settings | None = None,
+) -> UncertainEffect:
+    """Record whether the effect happened (``happened``, ``not_happened``, ``ignored``)."""
+    return uncertain.resolve(runtime_for(settings), turn_id, step, verdict, note=note, by=by)
+
+
+def list_approvals(
+    *,
+    turn_id: str | None = None,
+    include_decided: bool = False,
+    settings: Settings | None = None,
+) -> list[Approval]:
+    """Tool calls waiting for a decision, oldest first."""
+    return approvals.list_approvals(
+        runtime_for(settings), turn_id=turn_id, include_decided=include_decided
+    )
+
+
+def approve(
+    turn_id: str,
+    step: int,
+    *,
+    note: str | None = None,
+    by: str | None = None,
+    settings: Settings | None = None,
+) -> Approval:
+    """Let the waiting call at (turn, step) run; any worker resumes the turn."""
+    return approvals.approve(runtime_for(settings), turn_id, step, note=note, by=by)
+
+
+def deny(
+    turn_id: str,
+    step: int,
+    reason: str,
+    *,
+    by: str | None = None,
+    settings: Settings | None = None,
+) -> Approval:
+    """Refuse the waiting call: it never runs; the model reads the reason as its result."""
+    return approvals.deny(runtime_for(settings), turn_id, step, reason, by=by)

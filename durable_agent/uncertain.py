@@ -1,0 +1,286 @@
+"""The uncertain-effects inbox: every ``never`` call whose outcome is unknown.
+
+A ``never`` call is uncertain when it was interrupted (a worker died between its intent and
+its outcome; the model was told it may or may not have happened), when it raised, or when
+its intent was left behind by a turn that ended (cancelled or failed while the call ran).
+Each one is an operator's question: did the refund go through?
+
+``list_uncertain`` shows them with the turn, step, tool, arguments, idempotency key, when,
+and what the model did next (checked with a safe tool? retried with the same key? did not
+retry?), read from the rest of the turn's journal. ``resolve`` records an operator's
+verdict (happened, not happened, ignored) with who and when, in ``resolutions``; the journal
+row is never changed, and the latest verdict counts.
+
+New ones reach a pager through a hook: ``DURABLE_AGENT_UNCERTAIN_TASK`` names a Celery task
+sent the effect's JSON on ``DURABLE_AGENT_UNCERTAIN_QUEUE``, ``DURABLE_AGENT_UNCERTAIN_CALLBACK``
+a ``module:function`` called with the :class:`UncertainEffect`. The sweeper tells them once
+each (``uncertain_notices``, one pass at a time across the fleet); a hook that raises leaves
+the batch untold, to be told at the next pass.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from .control import check_by, check_note
+from .errors import ConfigurationError, InvalidArgument, ServiceUnavailable
+from .inputs import check_id
+from .journal.control import ControlStore
+from .journal.db import Row
+from .journal.records import Step
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+Verdict = Literal["happened", "not_happened", "ignored"]
+VERDICTS: tuple[Verdict, ...] = ("happened", "not_happened", "ignored")
+_NOTICE_LOCK_KEY = 0x756E6365  # "unce": one notifying pass at a time across the fleet
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    verdict: Verdict
+    note: str | None
+    resolved_by: str
+    resolved_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class UncertainEffect:
+    """One ``never`` call whose outcome is unknown, and what followed it."""
+
+    turn_id: str
+    session_id: str
+    step: int
+    tool: str
+    arguments: Any
+    idempotency_key: str | None
+    at: datetime
+    how: str  # "interrupted", "raised" or "left unfinished"
+    turn_status: str
+    next: str  # what the model did next, in words
+    checked: list[str] = field(default_factory=list)  # safe tools called before any retry
+    retry: str | None = None  # "same key" or "new key"
+    retry_step: int | None = None
+    resolution: Resolution | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        r = self.resolution
+        return {
+            "turn_id": self.turn_id,
+            "session_id": self.session_id,
+            "step": self.step,
+            "tool": self.tool,
+            "arguments": self.arguments,
+            "idempotency_key": self.idempotency_key,
+            "at": self.at.isoformat(),
+            "how": self.how,
+            "turn_status": self.turn_status,
+            "next": self.next,
+            "checked": self.checked,
+            "retry": self.retry,
+            "retry_step": self.retry_step,
+            "resolution": None
+            if r is None
+            else {
+                "verdict": r.verdict,
+                "note": r.note,
+                "resolved_by": r.resolved_by,
+                "resolved_at": r.resolved_at.isoformat(),
+            },
+        }
+
+
+def list_uncertain(
+    runtime: Runtime,
+    *,
+    since: datetime | None = None,
+    include_resolved: bool = False,
+    turn_id: str | None = None,
+    limit: int = 1000,
+) -> list[UncertainEffect]:
+    """Uncertain effects, oldest first: unresolved ones (``include_resolved``: all)."""
+    if turn_id is not None:
+        check_id("turn_id", turn_id)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+        raise InvalidArgument("limit must be a whole number from 1 to 10000")
+    if since is not None and (not isinstance(since, datetime) or since.tzinfo is None):
+        raise InvalidArgument("since must be a timezone-aware datetime")
+    rows = ControlStore(runtime.database).uncertain_effects(
+        since=since, turn_id=turn_id, include_resolved=include_resolved, limit=limit
+    )
+    return _effects(runtime, rows)
+
+
+def resolve(
+    runtime: Runtime,
+    turn_id: str,
+    step: int,
+    verdict: Verdict,
+    *,
+    note: str | None = None,
+    by: str | None = None,
+) -> UncertainEffect:
+    """Record an operator's verdict on the uncertain effect at (turn, step); the journal is
+    not touched. Raises TurnNotFound, or InvalidArgument when that step is not uncertain."""
+    check_id("turn_id", turn_id)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise InvalidArgument(f"step must be a whole number, 0 or more, got {step!r}")
+    if verdict not in VERDICTS:
+        raise InvalidArgument(f"verdict must be one of {', '.join(VERDICTS)}, got {verdict!r}")
+    note = check_note("note", note)
+    who = check_by(by)
+    runtime.get_turn(turn_id)  # TurnNotFound
+    store = ControlStore(runtime.database)
+    if not store.uncertain_effects(turn_id=turn_id, step=step, include_resolved=True, limit=1):
+        raise InvalidArgument(f"step {step} of turn {turn_id} is not an uncertain effect")
+    store.record_resolution(turn_id, step, verdict, note, who)
+    log.info("uncertain effect %s step %d resolved %s by %s", turn_id, step, verdict, who)
+    rows = store.uncertain_effects(turn_id=turn_id, step=step, include_resolved=True, limit=1)
+    return _effects(runtime, rows)[0]
+
+
+# -- what the model did next -----------------------------------------------------------------
+
+
+def _effects(runtime: Runtime, rows: list[Row]) -> list[UncertainEffect]:
+    journals: dict[str, list[Step]] = {}
+    effects = []
+    for row in rows:
+        turn_id = row["turn_id"]
+        if turn_id not in journals:
+            journals[turn_id] = runtime.journal.load_journal(turn_id)
+        effects.append(_effect(row, journals[turn_id]))
+    return effects
+
+
+def _effect(row: Row, journal: list[Step]) -> UncertainEffect:
+    intent = row["input"] or {}
+    output = row["output"] if isinstance(row["output"], dict) else {}
+    key = intent.get("idempotency_key")
+    if row["status"] == "intent":
+        how = "left unfinished"
+    elif output.get("error"):
+        how = "raised"
+    else:
+        how = "interrupted"
+    checked: list[str] = []
+    retry: str | None = None
+    retry_step: int | None = None
+    for later in journal:
+        if later.step <= row["step"] or later.kind != "tool":
+            continue
+        if later.name == row["tool"]:
+            retry = "same key" if later.input.get("idempotency_key") == key else "new key"
+            retry_step = later.step
+            break
+        if later.replay == "safe":
+            checked.append(f"{later.name} (step {later.step})")
+    parts = [f"checked with {', '.join(checked)}"] if checked else []
+    if retry is not None:
+        parts.append(f"retried with the {retry} (step {retry_step})")
+    elif row["turn_status"] in ("done", "failed", "cancelled"):
+        parts.append(f"did not retry; the turn ended {row['turn_status']}")
+    else:
+        parts.append(f"no retry yet; the turn is {row['turn_status']}")
+    resolution = (
+        Resolution(row["verdict"], row["note"], row["resolved_by"], row["resolved_at"])
+        if row["verdict"] is not None
+        else None
+    )
+    return UncertainEffect(
+        turn_id=row["turn_id"],
+        session_id=row["session_id"],
+        step=row["step"],
+        tool=row["tool"],
+        arguments=intent.get("arguments"),
+        idempotency_key=key,
+        at=row["created_at"],
+        how=how,
+        turn_status=row["turn_status"],
+        next=", then ".join(parts),
+        checked=checked,
+        retry=retry,
+        retry_step=retry_step,
+        resolution=resolution,
+    )
+
+
+# -- telling someone ----------------------------------------------------------------------------
+
+Hook = Callable[[UncertainEffect], None]
+
+
+def hooks(runtime: Runtime) -> list[Hook]:
+    """The configured hooks (none: the sweeper reads nothing for them)."""
+    settings = runtime.settings
+    found: list[Hook] = []
+    if settings.uncertain_task:
+        queue = settings.uncertain_queue or f"{settings.queue}.uncertain"
+
+        def send(effect: UncertainEffect) -> None:
+            runtime.celery.send_task(settings.uncertain_task, args=[effect.as_json()], queue=queue)
+
+        found.append(send)
+    if settings.uncertain_callback:
+        found.append(_import_callable(settings.uncertain_callback))
+    return found
+
+
+def _import_callable(path: str) -> Hook:
+    module_name, _, name = path.partition(":")
+    try:
+        function = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as error:
+        raise ConfigurationError(
+            f"DURABLE_AGENT_UNCERTAIN_CALLBACK={path}: cannot import it ({error})"
+        ) from error
+    if not callable(function):
+        raise ConfigurationError(f"DURABLE_AGENT_UNCERTAIN_CALLBACK={path} is not callable")
+    hook: Hook = function
+    return hook
+
+
+def notify_new(runtime: Runtime, batch: int = 100) -> int:
+    """Give each new uncertain effect to the hooks, once; how many were told. A sweeper pass
+    calls this; a failing hook is logged and the batch is told again at the next pass."""
+    try:
+        return _notify_new(runtime, batch)
+    except ServiceUnavailable:
+        raise
+    except Exception as error:  # a hook's failure must not stop the sweeper
+        log.warning("uncertain effects not told yet (will retry): %r", error)
+        return 0
+
+
+def _notify_new(runtime: Runtime, batch: int) -> int:
+    told = hooks(runtime)
+    if not told:
+        return 0
+    with runtime.database.transaction() as tx:
+        if not tx.value("try_sweep_lock", key=_NOTICE_LOCK_KEY):
+            return 0
+        new = ControlStore.new_uncertain_notices(tx, batch)
+        store = ControlStore(runtime.database)
+        for turn_id, step in new:
+            rows = store.uncertain_effects(
+                turn_id=turn_id, step=step, include_resolved=True, limit=1
+            )
+            for effect in _effects(runtime, rows):
+                for hook in told:
+                    hook(effect)
+                log.warning(
+                    "uncertain effect: turn %s step %d %s (%s)",
+                    effect.turn_id,
+                    effect.step,
+                    effect.tool,
+                    effect.how,
+                )
+    return len(new)
