@@ -5,7 +5,7 @@ turn reads finished calls back instead of running them again, and every tool car
 required replay label: ``safe`` (may run again) or ``never`` (never runs twice).
 """
 
-from .client import get_turn, start_turn, wait_for_turn
+from .client import get_turn, start_turn, stream_turn, wait_for_turn
 from .context import CallContext, current_call, still_claimed
 from .errors import (
     ConfigurationError,
@@ -21,6 +21,7 @@ from .errors import (
     TurnNotFound,
 )
 from .journal import Step, Turn, TurnStatus
+from .live import TurnEvent
 from .runtime import Runtime, runtime_for
 from .settings import Settings
 from .tools import Tool, tool
@@ -41,6 +42,7 @@ __all__ = [
     "Tool",
     "ToolDefinitionError",
     "Turn",
+    "TurnEvent",
     "TurnFailed",
     "TurnNotFound",
     "TurnStatus",
@@ -51,6 +53,7 @@ __all__ = [
     "runtime_for",
     "start_turn",
     "still_claimed",
+    "stream_turn",
     "tool",
     "wait_for_turn",
 ]

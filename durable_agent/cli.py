@@ -4,7 +4,7 @@ Errors a user can cause (an unreachable database, an unknown turn id, a bad tool
 print one line and exit non-zero; a traceback means a bug in durable-agent.
 
 Exit codes: 0 success; 1 the command failed (e.g. a failed turn, an unreachable service);
-2 a usage or configuration error; 3 ``wait`` timed out; 4 no turn has that id; 130
+2 a usage or configuration error; 3 ``wait`` or ``watch`` timed out; 4 no turn has that id; 130
 interrupted. ``worker`` exits with the Celery worker's own code.
 
 The commands import only what they need: ``worker`` and ``migrate`` never load the evals,
@@ -149,6 +149,31 @@ def cmd_wait(runtime: Runtime, args: argparse.Namespace) -> int:
     return EXIT_FAILED
 
 
+def cmd_watch(runtime: Runtime, args: argparse.Namespace) -> int:
+    """Print each finished step of the turn as it is recorded, then its end."""
+    check_id("turn_id", args.turn_id)
+    runtime.require_schema()
+    events = runtime.stream_turn(args.turn_id, after_step=args.after_step, timeout=args.timeout)
+    try:
+        for event in events:
+            if args.json:
+                print(json.dumps(event.as_json(), ensure_ascii=False), flush=True)
+            elif event.step is not None:
+                s = event.step
+                call = f"{s.kind} {s.name}" + (f" ({s.replay})" if s.kind == "tool" else "")
+                print(printable(f"step {s.step}  {call}: {s.summary(100)}"), flush=True)
+            if event.turn is not None:
+                turn = event.turn
+                if not args.json:
+                    text = turn.reply if turn.status == "done" else turn.error
+                    print(printable(f"{turn.status}: {text or ''}"), flush=True)
+                return 0 if turn.status == "done" else EXIT_FAILED
+    except TimeoutError as error:
+        error_line(f"error: {error}")
+        return EXIT_TIMEOUT
+    return EXIT_FAILED  # the stream ends only with the turn's end
+
+
 def cmd_journal(runtime: Runtime, args: argparse.Namespace) -> int:
     check_id("turn_id", args.turn_id)
     runtime.require_schema()
@@ -263,6 +288,20 @@ def build_parser() -> argparse.ArgumentParser:
     wait = add("wait", cmd_wait, "wait for a turn; print its reply (exit 0 only when done)")
     wait.add_argument("turn_id")
     wait.add_argument("--timeout", type=_seconds, default=60.0, help="seconds (default 60)")
+
+    watch = add("watch", cmd_watch, "print a turn's steps live as they are recorded, then its end")
+    watch.add_argument("turn_id")
+    watch.add_argument(
+        "--after-step",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="start after step N (the last one you saw); default: from the start",
+    )
+    watch.add_argument(
+        "--timeout", type=_seconds, default=None, help="give up after S seconds (default: never)"
+    )
+    watch.add_argument("--json", action="store_true", help="one JSON object per line")
 
     journal = add("journal", cmd_journal, "show a turn's journal")
     journal.add_argument("turn_id")

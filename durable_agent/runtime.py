@@ -16,14 +16,20 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ConfigurationError, InvalidArgument, ServiceUnavailable
-from .inputs import check_id, check_message, check_timeout
+from .inputs import check_id, check_message
 from .journal import Database, JournalStore, Leases, Turn, TurnStatus, require_current
+from .live import (
+    DEFAULT_POLL_SECONDS,
+    Announcements,
+    TurnEvent,
+    stream_turn,
+    wait_until_finished,
+)
 from .settings import Settings, load_settings
 from .tools import ToolRegistry, load_tools
 
@@ -67,6 +73,9 @@ class Runtime:
         self._lock = threading.RLock()
         for name in ("model", "turn_worker"):
             self._parts.pop(name, None)
+        announcements = self._parts.get("announcements")
+        if announcements is not None:
+            announcements.after_fork_in_child()
 
     # -- the parts ------------------------------------------------------------------------
 
@@ -89,6 +98,11 @@ class Runtime:
                 self.database, end_dead_local_claims=self.settings.end_dead_local_claims
             ),
         )
+
+    @property
+    def announcements(self) -> Announcements:
+        """This process's LISTEN connection for live turns (see ``live.py``)."""
+        return self._part("announcements", lambda: Announcements(self.database.conninfo))
 
     @property
     def tools(self) -> ToolRegistry:
@@ -211,27 +225,34 @@ class Runtime:
             raise InvalidArgument(f"limit must be a whole number from 1 to {MAX_LIST}")
         return self.journal.list_turns(session_id, limit=limit)
 
-    def wait_for_turn(self, turn_id: str, timeout: float = 60.0, poll_seconds: float = 0.1) -> Turn:
-        """Wait until the turn is done or failed; raises TimeoutError after ``timeout`` s."""
-        check_id("turn_id", turn_id)
-        timeout = check_timeout(timeout)
-        if check_timeout(poll_seconds) <= 0:
-            raise InvalidArgument("poll_seconds must be more than 0")
-        deadline = time.monotonic() + timeout
-        while True:
-            turn = self.journal.get_turn(turn_id)
-            if turn.finished:
-                return turn
-            if time.monotonic() >= deadline:
-                last_error = f", last error: {turn.error}" if turn.error else ""
-                raise TimeoutError(
-                    f"turn {turn_id} is still {turn.status} after {timeout:g}s "
-                    f"(attempts {turn.attempts}{last_error})"
-                )
-            time.sleep(min(poll_seconds, max(0.0, deadline - time.monotonic())))
+    def wait_for_turn(
+        self, turn_id: str, timeout: float = 60.0, poll_seconds: float = DEFAULT_POLL_SECONDS
+    ) -> Turn:
+        """Wait until the turn is done or failed; raises TimeoutError after ``timeout`` s.
+
+        Woken by Postgres' announcement of the turn's end; ``poll_seconds`` is only how often
+        it reads anyway, in case an announcement is lost."""
+        return wait_until_finished(self, turn_id, timeout, poll_seconds)
+
+    def stream_turn(
+        self,
+        turn_id: str,
+        *,
+        after_step: int = -1,
+        timeout: float | None = None,
+        poll_seconds: float = DEFAULT_POLL_SECONDS,
+    ) -> Generator[TurnEvent, None, None]:
+        """Each finished step after ``after_step`` as it is recorded, then the end (see
+        :func:`durable_agent.live.stream_turn`)."""
+        return stream_turn(
+            self, turn_id, after_step=after_step, timeout=timeout, poll_seconds=poll_seconds
+        )
 
     def close(self) -> None:
         """Close the database connections (a new use opens them again)."""
+        announcements = self._parts.get("announcements")
+        if announcements is not None:
+            announcements.close()
         database = self._parts.get("database")
         if database is not None:
             database.close()

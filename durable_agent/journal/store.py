@@ -106,6 +106,11 @@ class JournalStore:
         """Every journal row of the turn, in step order: one query, blobs joined in."""
         return [Step.from_row(row) for row in self.db.run("load_journal", turn_id=turn_id)]
 
+    def load_journal_from(self, turn_id: str, first: int) -> list[Step]:
+        """The journal rows of the turn from step ``first`` on, in step order."""
+        rows = self.db.run("load_journal_from", turn_id=turn_id, first=first)
+        return [Step.from_row(row) for row in rows]
+
     def insert_intent(
         self,
         turn_id: str,

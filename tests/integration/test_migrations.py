@@ -104,6 +104,9 @@ _CATALOG = {
     "functions": """
         SELECT proname, pg_get_functiondef(oid) FROM pg_proc
         WHERE pronamespace = 'public'::regnamespace ORDER BY 1""",
+    "triggers": """
+        SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid) FROM pg_trigger
+        WHERE NOT tgisinternal ORDER BY 1, 2""",
 }
 
 
@@ -116,7 +119,7 @@ def test_migrations_build_exactly_schema_sql(
     empty_database_url: str, new_database: Callable[[], str]
 ) -> None:
     """Applying every migration gives the schema of sql/schema.sql: the same columns (types,
-    nullability, defaults), constraints, indexes and functions."""
+    nullability, defaults), constraints, indexes, functions and triggers."""
     migrated = Database(empty_database_url)
     migrate(migrated)
     migrated.close()

@@ -26,6 +26,7 @@ EXPECTED = [
     "Tool",
     "ToolDefinitionError",
     "Turn",
+    "TurnEvent",
     "TurnFailed",
     "TurnNotFound",
     "TurnStatus",
@@ -36,6 +37,7 @@ EXPECTED = [
     "runtime_for",
     "start_turn",
     "still_claimed",
+    "stream_turn",
     "tool",
     "wait_for_turn",
 ]

@@ -90,6 +90,15 @@ FROM journal AS j LEFT JOIN blobs AS b ON b.sha256 = j.output_blob
 WHERE j.turn_id = :turn_id
 ORDER BY j.step;
 
+-- name: load_journal_from
+-- The steps of a turn from step :first on, in order (a watcher catching up).
+SELECT j.turn_id, j.step, j.kind, j.name, j.input, j.replay, j.status,
+       coalesce(j.output, b.data) AS output, j.epoch, j.created_at, j.finished_at,
+       j.output_blob AS blob
+FROM journal AS j LEFT JOIN blobs AS b ON b.sha256 = j.output_blob
+WHERE j.turn_id = :turn_id AND j.step >= :first
+ORDER BY j.step;
+
 -- name: insert_step
 -- An intent (status 'intent') or a call that ran nothing (status 'done').
 WITH flush AS (
@@ -329,6 +338,14 @@ LIMIT :batch;
 SELECT DISTINCT received_by FROM turns
 WHERE status = 'queued' AND lease_owner IS NULL AND received_by LIKE :pattern
   AND received_message_id = message_id;
+
+-- ---------------------------------------------------------------------------------------
+-- live turns: the triggers of schema version 6 announce finished steps and status changes
+-- ---------------------------------------------------------------------------------------
+
+-- name: listen_turns
+-- On a connection of its own, kept open: be told of every announcement.
+LISTEN durable_agent;
 
 -- ---------------------------------------------------------------------------------------
 -- schema versions and health
