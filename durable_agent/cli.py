@@ -33,6 +33,7 @@ from .inputs import check_id, check_message
 from .redact import printable
 from .runtime import Runtime
 from .settings import load_settings
+from .spend import GROUPINGS
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NOT_FOUND = 1, 2, 3, 4
 
@@ -204,6 +205,21 @@ def cmd_turns(runtime: Runtime, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_spend(runtime: Runtime, args: argparse.Namespace) -> int:
+    runtime.require_schema()
+    spends = runtime.spend(args.by, limit=args.limit)
+    if args.json:
+        key = "turn_id" if args.by == "turn" else args.by
+        rows = [{key: s.key, **s.as_json()} for s in spends]
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
+    else:
+        from .console import out
+        from .tables import spend_table
+
+        out.print(spend_table(spends, args.by, priced=bool(runtime.settings.prices)))
+    return 0
+
+
 def cmd_replay(runtime: Runtime, args: argparse.Namespace) -> int:
     from .replay import replay_turn
 
@@ -311,6 +327,13 @@ def build_parser() -> argparse.ArgumentParser:
     turns.add_argument("--session", default=None)
     turns.add_argument("--limit", type=_count, default=50, help="at most this many (1-10000)")
     turns.add_argument("--json", action="store_true")
+
+    spend = add(
+        "spend", cmd_spend, "model calls and tokens, what crashes wasted, what the journal saved"
+    )
+    spend.add_argument("--by", choices=GROUPINGS, default="turn", help="group per (default turn)")
+    spend.add_argument("--limit", type=_count, default=50, help="at most this many rows")
+    spend.add_argument("--json", action="store_true")
 
     replay = add("replay", cmd_replay, "replay a done turn with the model switched off")
     replay.add_argument("turn_id")

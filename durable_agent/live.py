@@ -207,7 +207,8 @@ class Announcements:
 @dataclass(frozen=True, slots=True)
 class TurnEvent:
     """What a watcher is told: a finished step (``kind == "step"``), or the end of the turn
-    (``kind == "end"``, with the turn as it ended: its status, reply or error)."""
+    (``kind == "end"``, with the turn as it ended: its status, reply or error, and its
+    spend ledger)."""
 
     turn_id: str
     kind: Literal["step", "end"]
@@ -273,7 +274,7 @@ def _stream(
                 yield TurnEvent(turn_id, "step", step=step)
                 next_step += 1
             if turn.finished:
-                yield TurnEvent(turn_id, "end", turn=turn)
+                yield TurnEvent(turn_id, "end", turn=runtime.with_spend([turn])[0])
                 return
             _wait(subscription, turn, poll_seconds, deadline, timeout)
 

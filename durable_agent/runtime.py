@@ -13,11 +13,13 @@ fresh locks, and builds its own on first use.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 import weakref
 from collections.abc import Callable, Generator
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ConfigurationError, InvalidArgument, ServiceUnavailable
@@ -31,6 +33,7 @@ from .live import (
     wait_until_finished,
 )
 from .settings import Settings, load_settings
+from .spend import Spend, check_grouping, spend_of_turns, spend_report
 from .tools import ToolRegistry, load_tools
 
 if TYPE_CHECKING:
@@ -214,16 +217,39 @@ class Runtime:
         return turn.turn_id
 
     def get_turn(self, turn_id: str) -> Turn:
-        """The turn as recorded now; raises TurnNotFound for an unknown id."""
-        return self.journal.get_turn(check_id("turn_id", turn_id))
+        """The turn as recorded now, with its spend ledger; raises TurnNotFound for an
+        unknown id."""
+        return self.with_spend([self.journal.get_turn(check_id("turn_id", turn_id))])[0]
 
     def list_turns(self, session_id: str | None = None, limit: int = 100) -> list[Turn]:
-        """One session's turns in order, or the newest turns first (at most ``limit``)."""
+        """One session's turns in order, or the newest turns first (at most ``limit``),
+        each with its spend ledger."""
         if session_id is not None:
             check_id("session_id", session_id)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
             raise InvalidArgument(f"limit must be a whole number from 1 to {MAX_LIST}")
-        return self.journal.list_turns(session_id, limit=limit)
+        return self.with_spend(self.journal.list_turns(session_id, limit=limit))
+
+    def with_spend(self, turns: list[Turn]) -> list[Turn]:
+        """The turns with their spend ledgers (one query)."""
+        ledgers = spend_of_turns(
+            self.journal, self.settings.price_table, [t.turn_id for t in turns]
+        )
+        return [dataclasses.replace(t, spend=ledgers[t.turn_id]) for t in turns]
+
+    def spend(
+        self, by: str = "turn", limit: int = 50, since: datetime | None = None
+    ) -> list[Spend]:
+        """The spend ledger per turn (newest first) or per day (latest first): model calls
+        and tokens, crash waste and what the journal saved (see ``spend.py``)."""
+        check_grouping(by)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
+            raise InvalidArgument(f"limit must be a whole number from 1 to {MAX_LIST}")
+        if since is not None and (not isinstance(since, datetime) or since.tzinfo is None):
+            raise InvalidArgument("since must be a datetime with a time zone")
+        return spend_report(
+            self.journal, self.settings.price_table, by=by, limit=limit, since=since
+        )
 
     def wait_for_turn(
         self, turn_id: str, timeout: float = 60.0, poll_seconds: float = DEFAULT_POLL_SECONDS

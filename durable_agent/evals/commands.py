@@ -84,6 +84,7 @@ def cmd_crash_matrix(settings: Settings, args: argparse.Namespace) -> int:
 
             report = run_crash_matrix(stack, relabel=labels, only=only, progress=progress)
     out.print(matrix_table(report))
+    out.print(report.ledger_line(), markup=False)
     _write_json(args.json, report.to_json())
     if report.passed:
         out.print(
@@ -124,6 +125,7 @@ def matrix_table(report: MatrixReport) -> Table:
         "call",
         "crash",
         "model calls repeated",
+        "wasted tokens",
         "emails",
         "same reply",
         "recovery s",
@@ -139,6 +141,7 @@ def matrix_table(report: MatrixReport) -> Table:
             p.call,
             p.point,
             repeated,
+            f"~{p.wasted_tokens}" if p.wasted_calls else "0",
             str(p.emails),
             "yes" if p.same_reply else "no",
             f"{p.recovery_seconds:.1f}" if p.recovery_seconds is not None else "-",
@@ -146,7 +149,9 @@ def matrix_table(report: MatrixReport) -> Table:
         )
     table.caption = (
         f"lease {report.lease_seconds:g}s, sweep every {report.sweep_interval_seconds:g}s; "
-        "recovery = worker death to finished turn, including a fresh worker's start"
+        "recovery = worker death to finished turn, including a fresh worker's start; "
+        "wasted tokens = the spend ledger's crash waste (~: completions estimated; a model "
+        "step's intent with no request sent yet counts too)"
     )
     return table
 

@@ -6,7 +6,10 @@ import json
 from dataclasses import dataclass, fields
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal, NamedTuple, Self, cast
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Self, cast
+
+if TYPE_CHECKING:
+    from ..spend import Spend
 
 Kind = Literal["model", "tool"]
 Replay = Literal["safe", "never"]
@@ -63,6 +66,7 @@ class Turn(_Row):
     received_message_id: str | None = None
     received_at: datetime | None = None
     received_by: str | None = None
+    spend: Spend | None = None  # the spend ledger of the turn, from get_turn and list_turns
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", TurnStatus(self.status))
@@ -86,6 +90,7 @@ class Turn(_Row):
             "queue": self.queue,
             "created_at": self.created_at.isoformat(),
             "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+            **({"spend": self.spend.as_json()} if self.spend is not None else {}),
         }
 
 

@@ -8,6 +8,7 @@ at the same (turn, step) is rejected by the primary key.
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -154,6 +155,18 @@ class JournalStore:
         )
         if row is None:
             raise self._lost(turn_id, epoch, f"outcome of step {step}")
+
+    def note_failed_call(self, turn_id: str, epoch: int) -> None:
+        """The model call in flight failed at the API (not billed; see the spend ledger)."""
+        self.db.run("note_failed_call", turn_id=turn_id, epoch=epoch)
+
+    # -- the spend ledger --------------------------------------------------------------------
+
+    def spend_rows(
+        self, by: str, turn_ids: list[str] | None = None, since: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        """The finished model calls summed per ``by`` ('turn' or 'day') and model."""
+        return self.db.run("spend", by=by, turn_ids=turn_ids, since=since)
 
     def _insert_step(
         self,

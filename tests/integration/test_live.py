@@ -72,6 +72,7 @@ def test_stream_yields_each_step_as_it_commits_then_the_end(
     assert [e.id for e in events] == ["0", "1", "2", "3", "end"]
     end = events[-1]
     assert end.turn is not None and end.turn.status == "done" and end.turn.reply == "all done"
+    assert end.turn.spend is not None and end.turn.spend.billed.calls == 4
     assert end.as_json()["event"] == "end" and events[0].as_json()["event"] == "step"
 
 

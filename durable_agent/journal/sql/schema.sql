@@ -65,8 +65,15 @@ CREATE TABLE journal (
     epoch       integer NOT NULL,
     created_at  timestamptz NOT NULL DEFAULT now(),
     finished_at timestamptz,
+    first_epoch  integer,
+    failed_calls integer NOT NULL DEFAULT 0,
     PRIMARY KEY (turn_id, step)
 );
+
+-- the spend ledger reads these: each claim from first_epoch up to the one that finished the
+-- step ran its call again; failed_calls of those runs failed at the model API (not billed)
+COMMENT ON COLUMN journal.first_epoch IS 'the epoch that wrote the intent (NULL for steps recorded before version 6: epoch)';
+COMMENT ON COLUMN journal.failed_calls IS 'model calls of this step that failed at the API (not billed) before one succeeded';
 
 -- The clock every lease, deferral and grace period is measured by (tests move it forward).
 CREATE FUNCTION durable_agent_now() RETURNS timestamptz

@@ -1,4 +1,6 @@
--- durable-agent schema, version 6: live turns. Postgres announces every finished step and
+-- durable-agent schema, version 6: live turns and the spend ledger.
+--
+-- Live turns. Postgres announces every finished step and
 -- every change of a turn's status on the channel `durable_agent` (delivered when the write
 -- commits), so watchers and waiters wake up instead of polling. The payload names what
 -- changed; a watcher reads the rows itself.
@@ -29,3 +31,15 @@ CREATE TRIGGER journal_step_done AFTER INSERT OR UPDATE OF status ON journal
 CREATE TRIGGER turns_status_changed AFTER UPDATE OF status ON turns
     FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
     EXECUTE FUNCTION durable_agent_notify_turn();
+
+-- The spend ledger. Tokens come from each model step's recorded response (its `usage`);
+-- what a crash cost is read from two numbers per step: the epoch that wrote its intent
+-- (each later claim up to the one that finished it ran the call again) and how many of
+-- those runs failed at the model API (not billed). Both are written outside the hot path:
+-- first_epoch by the insert itself, failed_calls only when a model call fails.
+ALTER TABLE journal
+    ADD COLUMN first_epoch  integer,
+    ADD COLUMN failed_calls integer NOT NULL DEFAULT 0;
+
+COMMENT ON COLUMN journal.first_epoch IS 'the epoch that wrote the intent (NULL for steps recorded before version 6: epoch)';
+COMMENT ON COLUMN journal.failed_calls IS 'model calls of this step that failed at the API (not billed) before one succeeded';
