@@ -124,14 +124,14 @@ def matrix_table(report: MatrixReport) -> Table:
         "step",
         "call",
         "crash",
-        "model calls repeated",
-        "wasted tokens",
+        "model calls\nrepeated",
+        "wasted\ntokens",
         "emails",
-        "same reply",
-        "recovery s",
+        "same\nreply",
+        "recovery\ns",
         "result",
     ):
-        table.add_column(column)
+        table.add_column(column, no_wrap=True)
     for p in report.points:
         repeated = str(p.repeated_finished)
         if p.repeated_interrupted:
