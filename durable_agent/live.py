@@ -1,7 +1,8 @@
 """Live turns: be told of each finished step and of the end of a turn as they are recorded.
 
-Postgres announces every finished journal step and every change of a turn's status on the
-channel ``durable_agent`` (two triggers, schema version 6; an announcement is delivered when
+Postgres announces every finished journal step and every turn that ends on the channel
+``durable_agent`` (a trigger for the steps written without waiting for the WAL flush, the
+writer itself right after a durable write; schema version 6; an announcement is delivered when
 its write commits). One connection per process and database LISTENs, in a thread of
 :class:`Announcements`, and wakes the watchers of that turn; each watcher then reads the
 rows itself. A watcher subscribes *before* it reads, so a step recorded between its read

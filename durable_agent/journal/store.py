@@ -16,6 +16,7 @@ import psycopg
 from ..errors import InvalidArgument, LeaseLost, TurnNotFound
 from .codec import digest, dumps
 from .db import Database
+from .leases import announce
 from .records import Kind, Replay, Step, Turn
 
 
@@ -155,6 +156,8 @@ class JournalStore:
         )
         if row is None:
             raise self._lost(turn_id, epoch, f"outcome of step {step}")
+        if durable:  # the trigger announces only the writes that do not wait for the flush
+            announce(self.db, f"step {step} {turn_id}")
 
     def note_failed_call(self, turn_id: str, epoch: int) -> None:
         """The model call in flight failed at the API (not billed; see the spend ledger)."""
@@ -205,6 +208,8 @@ class JournalStore:
             ) from error
         if row is None:
             raise self._lost(turn_id, epoch, f"{status} of step {step}")
+        if durable and status == "done":
+            announce(self.db, f"step {step} {turn_id}")
 
     def _store_payload(self, output: Any) -> tuple[str | None, str | None]:
         """JSON for the row, or (None, sha256) after moving a large payload into blobs."""

@@ -400,12 +400,19 @@ GROUP BY 1, 2
 ORDER BY max(turn_created_at) DESC, 1 DESC, 2;
 
 -- ---------------------------------------------------------------------------------------
--- live turns: the triggers of schema version 6 announce finished steps and status changes
+-- live turns: finished steps and ended turns are announced on the channel durable_agent
 -- ---------------------------------------------------------------------------------------
 
 -- name: listen_turns
 -- On a connection of its own, kept open: be told of every announcement.
 LISTEN durable_agent;
+
+-- name: announce
+-- Announce a durable write after it committed (`step <n> <turn_id>`, `turn <status>
+-- <turn_id>`), in a transaction of its own that does not wait for the WAL flush: a NOTIFY
+-- inside the durable write would hold the cluster-wide notify lock through its flush.
+WITH quick AS (SELECT set_config('synchronous_commit', 'off', true))
+SELECT pg_notify('durable_agent', :payload) FROM quick;
 
 -- ---------------------------------------------------------------------------------------
 -- schema versions and health

@@ -90,24 +90,21 @@ CREATE FUNCTION durable_agent_open_before(p_session_id text, p_seq integer) RETU
         ORDER BY seq LIMIT 1
     $$;
 
--- Live turns: every finished step and every change of a turn's status is announced on the
--- channel `durable_agent` when its write commits; watchers read the rows themselves.
+-- Live turns: every finished step and every turn that ended is announced on the channel
+-- `durable_agent` when its write commits; watchers read the rows themselves.
 --   step <n> <turn_id>      journal row n of the turn is done
---   turn <status> <turn_id> the turn's status changed (claimed, ended, given back)
+--   turn <status> <turn_id> the turn ended (done or failed)
+-- Steps written without waiting for the WAL flush are announced by this trigger; durable
+-- writes (a never tool's outcome, the end of a turn) by their writer right after the commit
+-- (query `announce`): a transaction that notifies holds a cluster-wide lock through its WAL
+-- flush, which would make durable commits run one at a time.
 CREATE FUNCTION durable_agent_notify_step() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
         BEGIN
-            PERFORM pg_notify('durable_agent', 'step ' || NEW.step || ' ' || NEW.turn_id);
-            RETURN NULL;
-        END
-    $$;
-
-CREATE FUNCTION durable_agent_notify_turn() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-        BEGIN
-            PERFORM pg_notify('durable_agent', 'turn ' || NEW.status || ' ' || NEW.turn_id);
+            IF current_setting('synchronous_commit') = 'off' THEN
+                PERFORM pg_notify('durable_agent', 'step ' || NEW.step || ' ' || NEW.turn_id);
+            END IF;
             RETURN NULL;
         END
     $$;
@@ -115,10 +112,6 @@ CREATE FUNCTION durable_agent_notify_turn() RETURNS trigger
 -- an intent is not announced: a watcher is told of a step once, when its outcome is recorded
 CREATE TRIGGER journal_step_done AFTER INSERT OR UPDATE OF status ON journal
     FOR EACH ROW WHEN (NEW.status = 'done') EXECUTE FUNCTION durable_agent_notify_step();
-
-CREATE TRIGGER turns_status_changed AFTER UPDATE OF status ON turns
-    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
-    EXECUTE FUNCTION durable_agent_notify_turn();
 
 -- schema_version: the migrations a database has had (written by `durable-agent migrate`).
 CREATE TABLE schema_version (
