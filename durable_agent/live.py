@@ -40,7 +40,7 @@ DEFAULT_POLL_SECONDS = 5.0
 """How often a watcher reads even when it was told nothing (a lost announcement)."""
 
 _IDLE_SECONDS = 30.0  # the listening connection closes after this long without watchers
-_TICK_SECONDS = 0.5  # how often the listening thread looks up from its connection
+_TICK_SECONDS = 0.25  # how often the listening thread looks up from its connection
 
 
 class Subscription:

@@ -56,6 +56,15 @@ def require_current(db: Database) -> None:
             f"the database at {describe_url(db.url)} has no durable-agent tables: "
             "run `durable-agent migrate`"
         )
+    # versions need not be contiguous, nor applied in order: a database may have a later
+    # version and miss an earlier one (built on a branch before the earlier one existed)
+    applied = {row["version"] for row in db.run("applied_versions")}
+    missing = sorted(m.version for m in available() if m.version not in applied)
+    if missing and version <= want:
+        raise ConfigurationError(
+            f"the database at {describe_url(db.url)} lacks schema version(s) "
+            f"{', '.join(map(str, missing))}: run `durable-agent migrate`"
+        )
     if version < want:
         raise ConfigurationError(
             f"the database at {describe_url(db.url)} is at schema version {version}, "

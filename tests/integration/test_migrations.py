@@ -139,3 +139,14 @@ def test_require_current_on_empty_database_says_to_migrate(empty_db: Database) -
     """An unmigrated database is a configuration error that names the command to run."""
     with pytest.raises(ConfigurationError, match=r"run `durable-agent migrate`"):
         require_current(empty_db)
+
+
+def test_a_missing_earlier_version_is_not_current(empty_db: Database) -> None:
+    """Versions need not be contiguous: a database that has the latest version but lacks an
+    earlier one (built on a branch before that one existed) is not current."""
+    migrate(empty_db)
+    with psycopg.connect(empty_db.conninfo, autocommit=True) as conn:
+        conn.execute("DELETE FROM schema_version WHERE version = 2")
+    assert current_version(empty_db) == latest_version()
+    with pytest.raises(ConfigurationError, match=r"lacks schema version\(s\) 2: run `durable"):
+        require_current(empty_db)
