@@ -141,13 +141,20 @@ def test_task_states_mean_something_in_flower(
     """A failed turn is a FAILURE with the reason; a refused duplicate delivery is a SUCCESS
     whose result says so; a finished turn is a SUCCESS 'done'."""
     settings = stack.settings.model_copy(update={"max_steps": 1})
-    spawn(settings=settings)
+    worker = spawn(settings=settings)
+    node = f"{worker.name}-{os.getpid()}-"  # how the harness names a worker's node
     failing = start_turn("s-fails", stack.message, settings=settings)
     assert stack.wait_turn(failing, 30).status == "failed"
     runtime_for(settings).celery.tasks[RUN_TURN].delay("s-fails", failing)  # a duplicate
 
     def outcome(kind: str) -> list[dict[str, Any]]:
-        return [e for e in task_events if e.get("type") == kind]
+        # events of this test's worker only: the workers of tests running alongside send
+        # theirs to the same broker
+        return [
+            e
+            for e in task_events
+            if e.get("type") == kind and str(e.get("hostname", "")).startswith(node)
+        ]
 
     wait_until(lambda: outcome("task-failed") and outcome("task-succeeded"), 20, "the events")
     failed = outcome("task-failed")[0]
