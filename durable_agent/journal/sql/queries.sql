@@ -274,7 +274,8 @@ SELECT pg_try_advisory_xact_lock(:key);
 --   claim expired        its holder's lease ran out (once per expiry)
 --   deferral due         given back after a model outage, and now due (once)
 --   receiver died        a worker received its message and never claimed it: the worker is
---                        gone (:dead_receivers) or has not claimed it within a lease
+--                        gone (:dead_receivers) or has not claimed it within a lease (also
+--                        when the turn still shows the expired claim of an earlier holder)
 --   message lost         a message sent later on the same queue has been received, but not
 --                        this one (queues are FIFO)
 --   queue idle           nothing was sent to or received from its queue for requeue_after:
@@ -318,8 +319,7 @@ due AS (
                THEN 'claim expired'
              WHEN c.not_before IS NOT NULL AND c.enqueued_at < c.not_before
                THEN 'deferral due'
-             WHEN c.lease_owner IS NULL AND c.status = 'queued'
-                  AND c.received_message_id = c.message_id
+             WHEN c.received_message_id = c.message_id
                   AND (c.received_by = ANY(CAST(:dead_receivers AS text[]))
                        OR c.received_at <= durable_agent_now() - make_interval(secs => :lease))
                   AND c.received_at >= c.updated_at
@@ -344,7 +344,8 @@ LIMIT :batch;
 -- The workers of this machine (owner ending with its token) that received a message of an
 -- open turn and have not claimed it yet: the sweeper asks whether they still run.
 SELECT DISTINCT received_by FROM turns
-WHERE status = 'queued' AND lease_owner IS NULL AND received_by LIKE :pattern
+WHERE status IN ('queued', 'running') AND received_by LIKE :pattern
+  AND (lease_owner IS NULL OR lease_expires_at <= durable_agent_now())
   AND received_message_id = message_id;
 
 -- ---------------------------------------------------------------------------------------
