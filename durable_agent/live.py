@@ -49,7 +49,7 @@ class Subscription:
     def __init__(self, hub: Announcements, turn_id: str, *, steps: bool) -> None:
         self.hub = hub
         self.turn_id = turn_id
-        self.steps = steps  # woken by finished steps too, not only by status changes
+        self.steps = steps  # woken by finished steps too, not only by the turn's end
         self._woken = threading.Event()
 
     def wake(self) -> None:
@@ -286,8 +286,10 @@ def wait_until_finished(
     timeout: float,
     poll_seconds: float = DEFAULT_POLL_SECONDS,
 ) -> Turn:
-    """The turn once it is done or failed, woken by its status announcements (and reading
-    every ``poll_seconds`` regardless); TimeoutError after ``timeout`` seconds."""
+    """The turn once it is done or failed, woken by the announcement of its end (and reading
+    every ``poll_seconds`` regardless); TimeoutError after ``timeout`` seconds. A write that
+    ends a turn announces it (``Leases._end``); one that does not is still seen within
+    ``poll_seconds``."""
     check_id("turn_id", turn_id)
     deadline = _deadline(check_timeout(timeout))
     poll_seconds = _check_poll(poll_seconds)
