@@ -6,7 +6,7 @@ required replay label: ``safe`` (may run again) or ``never`` (never runs twice).
 """
 
 from .agents import Agent
-from .client import get_turn, start_turn, wait_for_turn
+from .client import get_turn, start_turn, stream_turn, wait_for_turn
 from .context import CallContext, current_call, still_claimed
 from .errors import (
     ConfigurationError,
@@ -22,6 +22,7 @@ from .errors import (
     TurnNotFound,
 )
 from .journal import Step, Turn, TurnStatus
+from .live import TurnEvent
 from .loop import Loop, TurnContext
 from .ops import (
     approve,
@@ -55,6 +56,7 @@ __all__ = [
     "ToolDefinitionError",
     "Turn",
     "TurnContext",
+    "TurnEvent",
     "TurnFailed",
     "TurnNotFound",
     "TurnStatus",
@@ -72,6 +74,7 @@ __all__ = [
     "runtime_for",
     "start_turn",
     "still_claimed",
+    "stream_turn",
     "tool",
     "wait_for_turn",
 ]

@@ -4,7 +4,7 @@ Errors a user can cause (an unreachable database, an unknown turn id, a bad tool
 print one line and exit non-zero; a traceback means a bug in durable-agent.
 
 Exit codes: 0 success; 1 the command failed (e.g. a failed turn, an unreachable service);
-2 a usage or configuration error; 3 ``wait`` timed out; 4 no turn has that id; 130
+2 a usage or configuration error; 3 ``wait`` or ``watch`` timed out; 4 no turn has that id; 130
 interrupted. ``worker`` exits with the Celery worker's own code.
 
 The commands import only what they need: ``worker`` and ``migrate`` never load the evals,
@@ -33,6 +33,7 @@ from .inputs import check_id, check_message
 from .redact import printable
 from .runtime import Runtime
 from .settings import load_settings
+from .spend import GROUPINGS
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NOT_FOUND = 1, 2, 3, 4
 
@@ -160,6 +161,31 @@ def cmd_wait(runtime: Runtime, args: argparse.Namespace) -> int:
     return EXIT_FAILED
 
 
+def cmd_watch(runtime: Runtime, args: argparse.Namespace) -> int:
+    """Print each finished step of the turn as it is recorded, then its end."""
+    check_id("turn_id", args.turn_id)
+    runtime.require_schema()
+    events = runtime.stream_turn(args.turn_id, after_step=args.after_step, timeout=args.timeout)
+    try:
+        for event in events:
+            if args.json:
+                print(json.dumps(event.as_json(), ensure_ascii=False), flush=True)
+            elif event.step is not None:
+                s = event.step
+                call = f"{s.kind} {s.name}" + (f" ({s.replay})" if s.kind == "tool" else "")
+                print(printable(f"step {s.step}  {call}: {s.summary(100)}"), flush=True)
+            if event.turn is not None:
+                turn = event.turn
+                if not args.json:
+                    text = turn.reply if turn.status == "done" else turn.error
+                    print(printable(f"{turn.status}: {text or ''}"), flush=True)
+                return 0 if turn.status == "done" else EXIT_FAILED
+    except TimeoutError as error:
+        error_line(f"error: {error}")
+        return EXIT_TIMEOUT
+    return EXIT_FAILED  # the stream ends only with the turn's end
+
+
 def cmd_journal(runtime: Runtime, args: argparse.Namespace) -> int:
     check_id("turn_id", args.turn_id)
     runtime.require_schema()
@@ -188,6 +214,21 @@ def cmd_turns(runtime: Runtime, args: argparse.Namespace) -> int:
         from .tables import turns_table
 
         out.print(turns_table(turns))
+    return 0
+
+
+def cmd_spend(runtime: Runtime, args: argparse.Namespace) -> int:
+    runtime.require_schema()
+    spends = runtime.spend(args.by, limit=args.limit)
+    if args.json:
+        key = "turn_id" if args.by == "turn" else args.by
+        rows = [{key: s.key, **s.as_json()} for s in spends]
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
+    else:
+        from .console import out
+        from .tables import spend_table
+
+        out.print(spend_table(spends, args.by, priced=bool(runtime.settings.prices)))
     return 0
 
 
@@ -293,6 +334,20 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument("turn_id")
     wait.add_argument("--timeout", type=_seconds, default=60.0, help="seconds (default 60)")
 
+    watch = add("watch", cmd_watch, "print a turn's steps live as they are recorded, then its end")
+    watch.add_argument("turn_id")
+    watch.add_argument(
+        "--after-step",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="start after step N (the last one you saw); default: from the start",
+    )
+    watch.add_argument(
+        "--timeout", type=_seconds, default=None, help="give up after S seconds (default: never)"
+    )
+    watch.add_argument("--json", action="store_true", help="one JSON object per line")
+
     journal = add("journal", cmd_journal, "show a turn's journal")
     journal.add_argument("turn_id")
     journal.add_argument("--json", action="store_true", help="a JSON array of steps")
@@ -301,6 +356,13 @@ def build_parser() -> argparse.ArgumentParser:
     turns.add_argument("--session", default=None)
     turns.add_argument("--limit", type=_count, default=50, help="at most this many (1-10000)")
     turns.add_argument("--json", action="store_true")
+
+    spend = add(
+        "spend", cmd_spend, "model calls and tokens, what crashes wasted, what the journal saved"
+    )
+    spend.add_argument("--by", choices=GROUPINGS, default="turn", help="group per (default turn)")
+    spend.add_argument("--limit", type=_count, default=50, help="at most this many rows")
+    spend.add_argument("--json", action="store_true")
 
     replay = add("replay", cmd_replay, "replay a done turn with the model switched off")
     replay.add_argument("turn_id")

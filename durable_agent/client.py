@@ -8,7 +8,10 @@ the same methods on it.
 
 from __future__ import annotations
 
+from collections.abc import Generator
+
 from .journal import Turn
+from .live import DEFAULT_POLL_SECONDS, TurnEvent
 from .runtime import runtime_for
 from .settings import Settings
 
@@ -40,8 +43,29 @@ def wait_for_turn(
     turn_id: str,
     timeout: float = 60.0,
     *,
-    poll_seconds: float = 0.1,
+    poll_seconds: float = DEFAULT_POLL_SECONDS,
     settings: Settings | None = None,
 ) -> Turn:
-    """Wait until the turn is done or failed; raises TimeoutError after ``timeout`` seconds."""
+    """Wait until the turn is done or failed; raises TimeoutError after ``timeout`` seconds.
+
+    It wakes when Postgres announces the turn's end (LISTEN/NOTIFY); ``poll_seconds`` is how
+    often it reads anyway, so a lost announcement costs latency, never a hang."""
     return runtime_for(settings).wait_for_turn(turn_id, timeout, poll_seconds)
+
+
+def stream_turn(
+    turn_id: str,
+    *,
+    after_step: int = -1,
+    timeout: float | None = None,
+    poll_seconds: float = DEFAULT_POLL_SECONDS,
+    settings: Settings | None = None,
+) -> Generator[TurnEvent, None, None]:
+    """Each finished step of the turn after ``after_step`` (-1: from the start), in order, as
+    it is recorded, then one ``end`` event (the turn done or failed, with its reply or
+    error). Resume from any step with ``after_step=<the last step you got>``: nothing is
+    skipped and nothing comes twice, also when another worker resumes the turn after a
+    crash. TimeoutError after ``timeout`` seconds without the end (None: no limit)."""
+    return runtime_for(settings).stream_turn(
+        turn_id, after_step=after_step, timeout=timeout, poll_seconds=poll_seconds
+    )

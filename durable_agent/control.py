@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import DurableAgentError, InvalidArgument, TurnCancelled
 from .inputs import check_id
 from .journal.control import Cancellation, ControlStore
+from .journal.leases import announce
 from .journal.records import Ended, Turn
 
 if TYPE_CHECKING:
@@ -117,6 +118,7 @@ def cancel(
     ended = store.end_unheld_cancelled(turn_id)
     if ended is not None:
         log.info("turn %s cancelled by %s", turn_id, who)
+        announce(runtime.database, f"turn cancelled {turn_id}")  # wakes wait and watch
         send_next(runtime, ended)
     return CancelResult(runtime.get_turn(turn_id), requested, store.find_cancellation(turn_id))
 
@@ -137,6 +139,7 @@ def end_cancelled(runtime: Runtime, turn_id: str, epoch: int) -> Ended | None:
     ended = ControlStore(runtime.database).end_claimed_cancelled(turn_id, epoch)
     if ended is not None:
         log.warning("turn %s cancelled at a step boundary", turn_id)
+        announce(runtime.database, f"turn cancelled {turn_id}")  # wakes wait and watch
     return ended
 
 

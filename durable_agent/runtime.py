@@ -13,18 +13,27 @@ fresh locks, and builds its own on first use.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
-import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ConfigurationError, InvalidArgument, ServiceUnavailable
-from .inputs import check_id, check_message, check_timeout
+from .inputs import check_id, check_message
 from .journal import Database, JournalStore, Leases, Turn, TurnStatus, require_current
+from .live import (
+    DEFAULT_POLL_SECONDS,
+    Announcements,
+    TurnEvent,
+    stream_turn,
+    wait_until_finished,
+)
 from .settings import Settings, load_settings
+from .spend import Spend, check_grouping, spend_of_turns, spend_report
 from .tools import ToolRegistry, import_module, load_tools
 
 if TYPE_CHECKING:
@@ -68,6 +77,9 @@ class Runtime:
         self._lock = threading.RLock()
         for name in ("model", "turn_worker"):
             self._parts.pop(name, None)
+        announcements = self._parts.get("announcements")
+        if announcements is not None:
+            announcements.after_fork_in_child()
 
     # -- the parts ------------------------------------------------------------------------
 
@@ -90,6 +102,11 @@ class Runtime:
                 self.database, end_dead_local_claims=self.settings.end_dead_local_claims
             ),
         )
+
+    @property
+    def announcements(self) -> Announcements:
+        """This process's LISTEN connection for live turns (see ``live.py``)."""
+        return self._part("announcements", lambda: Announcements(self.database.conninfo))
 
     @property
     def tools(self) -> ToolRegistry:
@@ -252,41 +269,69 @@ class Runtime:
         return agent, self.agents[check_agent_name(agent)].queue
 
     def get_turn(self, turn_id: str) -> Turn:
-        """The turn as recorded now; raises TurnNotFound for an unknown id."""
-        return self.journal.get_turn(check_id("turn_id", turn_id))
+        """The turn as recorded now, with its spend ledger; raises TurnNotFound for an
+        unknown id."""
+        return self.with_spend([self.journal.get_turn(check_id("turn_id", turn_id))])[0]
 
     def list_turns(self, session_id: str | None = None, limit: int = 100) -> list[Turn]:
-        """One session's turns in order, or the newest turns first (at most ``limit``)."""
+        """One session's turns in order, or the newest turns first (at most ``limit``),
+        each with its spend ledger."""
         if session_id is not None:
             check_id("session_id", session_id)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
             raise InvalidArgument(f"limit must be a whole number from 1 to {MAX_LIST}")
-        return self.journal.list_turns(session_id, limit=limit)
+        return self.with_spend(self.journal.list_turns(session_id, limit=limit))
 
-    def wait_for_turn(self, turn_id: str, timeout: float = 60.0, poll_seconds: float = 0.1) -> Turn:
+    def with_spend(self, turns: list[Turn]) -> list[Turn]:
+        """The turns with their spend ledgers (one query)."""
+        ledgers = spend_of_turns(
+            self.journal, self.settings.price_table, [t.turn_id for t in turns]
+        )
+        return [dataclasses.replace(t, spend=ledgers[t.turn_id]) for t in turns]
+
+    def spend(
+        self, by: str = "turn", limit: int = 50, since: datetime | None = None
+    ) -> list[Spend]:
+        """The spend ledger per turn (newest first) or per day (latest first): model calls
+        and tokens, crash waste and what the journal saved (see ``spend.py``)."""
+        check_grouping(by)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
+            raise InvalidArgument(f"limit must be a whole number from 1 to {MAX_LIST}")
+        if since is not None and (not isinstance(since, datetime) or since.tzinfo is None):
+            raise InvalidArgument("since must be a datetime with a time zone")
+        return spend_report(
+            self.journal, self.settings.price_table, by=by, limit=limit, since=since
+        )
+
+    def wait_for_turn(
+        self, turn_id: str, timeout: float = 60.0, poll_seconds: float = DEFAULT_POLL_SECONDS
+    ) -> Turn:
         """Wait until the turn is done, failed or cancelled; raises TimeoutError after
-        ``timeout`` s (a turn waiting for an approval has not ended)."""
-        check_id("turn_id", turn_id)
-        timeout = check_timeout(timeout)
-        if check_timeout(poll_seconds) <= 0:
-            raise InvalidArgument("poll_seconds must be more than 0")
-        deadline = time.monotonic() + timeout
-        while True:
-            turn = self.journal.get_turn(turn_id)
-            if turn.finished:
-                return turn
-            if time.monotonic() >= deadline:
-                last_error = f", last error: {turn.error}" if turn.error else ""
-                if turn.status == TurnStatus.WAITING:
-                    last_error = ", parked until a tool call is approved or denied"
-                raise TimeoutError(
-                    f"turn {turn_id} is still {turn.status} after {timeout:g}s "
-                    f"(attempts {turn.attempts}{last_error})"
-                )
-            time.sleep(min(poll_seconds, max(0.0, deadline - time.monotonic())))
+        ``timeout`` s (a turn waiting for an approval has not ended).
+
+        Woken by Postgres' announcement of the turn's end; ``poll_seconds`` is only how often
+        it reads anyway, in case an announcement is lost."""
+        return wait_until_finished(self, turn_id, timeout, poll_seconds)
+
+    def stream_turn(
+        self,
+        turn_id: str,
+        *,
+        after_step: int = -1,
+        timeout: float | None = None,
+        poll_seconds: float = DEFAULT_POLL_SECONDS,
+    ) -> Generator[TurnEvent, None, None]:
+        """Each finished step after ``after_step`` as it is recorded, then the end (see
+        :func:`durable_agent.live.stream_turn`)."""
+        return stream_turn(
+            self, turn_id, after_step=after_step, timeout=timeout, poll_seconds=poll_seconds
+        )
 
     def close(self) -> None:
         """Close the database connections (a new use opens them again)."""
+        announcements = self._parts.get("announcements")
+        if announcements is not None:
+            announcements.close()
         database = self._parts.get("database")
         if database is not None:
             database.close()

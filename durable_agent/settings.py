@@ -14,6 +14,7 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import ConfigurationError
+from .spend import Price, parse_prices
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful assistant that uses tools to act for the user. "
@@ -91,6 +92,11 @@ class Settings(BaseSettings):
     uncertain_callback: str = Field(
         default="", description="'module:function' called with each new uncertain effect"
     )
+    prices: str = Field(
+        default="",
+        description="the spend ledger's price table: MODEL=PROMPT/COMPLETION in USD per "
+        "million tokens, comma-separated, e.g. 'gpt-4o-mini=0.15/0.60'",
+    )
 
     @field_validator("database_url")
     @classmethod
@@ -142,6 +148,16 @@ class Settings(BaseSettings):
             if not sep or not name.strip() or label.strip() not in ("safe", "never"):
                 raise ValueError(f"expected TOOL=safe or TOOL=never, got {item!r}")
         return value
+
+    @field_validator("prices")
+    @classmethod
+    def _prices(cls, value: str) -> str:
+        parse_prices(value)
+        return value
+
+    @property
+    def price_table(self) -> dict[str, Price]:
+        return parse_prices(self.prices)
 
     @property
     def tool_modules(self) -> list[str]:

@@ -9,6 +9,7 @@ from rich.text import Text
 
 from .journal import Step, Turn
 from .redact import printable
+from .spend import Spend, Tokens, total
 
 
 def journal_table(steps: Sequence[Step], title: str = "journal") -> Table:
@@ -61,3 +62,39 @@ def agent_line(turn: Turn) -> str:
     if turn.agent_changes:
         line += printable(f"; resumed under a changed agent: {turn.agent_changes}")
     return line
+
+
+def spend_table(spends: Sequence[Spend], by: str, *, priced: bool) -> Table:
+    """The spend ledger: billed calls and tokens; calls a crash made run again and their
+    tokens (~: the lost completions are estimated); calls the journal read back instead."""
+    table = Table(title=f"spend per {by}", title_justify="left")
+    rows = list(spends)
+    if len(rows) > 1:
+        rows.append(total(rows))
+    table.add_column(by, no_wrap=True, min_width=max([len(by), *(len(s.key) for s in rows)]))
+    columns = ["calls", "prompt\ntokens", "compl.\ntokens"] + (["cost\n$"] if priced else [])
+    columns += ["crash\ncalls", "crash\ntokens", "saved\ncalls", "saved\ntokens"]
+    columns += ["saved\n$"] if priced else []
+    for column in columns:
+        table.add_column(column, justify="right")
+    for s in rows:
+        waste, saved = s.crash_waste, s.journal_saved
+        cells = [s.key, str(s.billed.calls), str(s.billed.prompt_tokens)]
+        cells.append(str(s.billed.completion_tokens))
+        cells += [_cost(s.billed)] if priced else []
+        cells += [str(waste.calls), _wasted_tokens(waste), str(saved.calls)]
+        cells.append(str(saved.prompt_tokens + saved.completion_tokens))
+        cells += [_cost(saved)] if priced else []
+        table.add_row(*(Text(printable(cell)) for cell in cells))
+    return table
+
+
+def _cost(tokens: Tokens) -> str:
+    return "?" if tokens.cost is None else f"{tokens.cost:.4f}"
+
+
+def _wasted_tokens(waste: Tokens) -> str:
+    """Prompt and completion tokens; "~" when the completions are estimated."""
+    if not waste.calls:
+        return "0"
+    return f"~{waste.prompt_tokens + waste.completion_tokens}"

@@ -194,6 +194,7 @@ class TurnWorker:
             except ModelUnavailable as error:
                 delay = min(settings.retry_backoff_max_seconds, 2.0 ** min(turn.attempts, 10))
                 log.warning("turn %s: %s; retrying in %.0fs", turn.turn_id, error, delay)
+                self.store.note_failed_call(turn.turn_id, claim.epoch)  # the spend ledger's
                 _flush_quietly(journal)
                 self.leases.release(turn.turn_id, claim.epoch, delay, f"{error} (will retry)")
                 delivery.outcome, delivery.detail = Outcome.DEFERRED, str(error)

@@ -84,6 +84,7 @@ def cmd_crash_matrix(settings: Settings, args: argparse.Namespace) -> int:
             progress=progress,
         )
     out.print(matrix_table(report))
+    out.print(report.ledger_line(), markup=False)
     _write_json(args.json, report.to_json())
     effects = ", ".join(f"{tool} {n}" for tool, n in report.clean_effects.items())
     if report.passed:
@@ -109,13 +110,14 @@ def matrix_table(report: MatrixReport) -> Table:
         "step",
         "call",
         "crash",
-        "model calls repeated",
+        "model calls\nrepeated",
+        "wasted\ntokens",
         "effects",
-        "same reply",
-        "recovery s",
+        "same\nreply",
+        "recovery\ns",
         "result",
     ):
-        table.add_column(column)
+        table.add_column(column, no_wrap=True)
     for p in report.points:
         repeated = str(p.repeated_finished) if report.scripted else "-"
         if p.repeated_interrupted:
@@ -125,6 +127,7 @@ def matrix_table(report: MatrixReport) -> Table:
             escape(p.call),
             p.point,
             repeated,
+            f"~{p.wasted_tokens}" if p.wasted_calls else "0",
             escape(", ".join(f"{tool} {n}" for tool, n in p.effects.items())),
             "yes" if p.same_reply else "no",
             f"{p.recovery_seconds:.1f}" if p.recovery_seconds is not None else "-",
@@ -132,7 +135,9 @@ def matrix_table(report: MatrixReport) -> Table:
         )
     table.caption = (
         f"lease {report.lease_seconds:g}s, sweep every {report.sweep_interval_seconds:g}s; "
-        "recovery = worker death to finished turn, including a fresh worker's start"
+        "recovery = worker death to finished turn, including a fresh worker's start; "
+        "wasted tokens = the spend ledger's crash waste (~: completions estimated; a model "
+        "step's intent with no request sent yet counts too)"
         + ("" if report.scripted else "; real model: repeats not counted, replies may differ")
     )
     return table

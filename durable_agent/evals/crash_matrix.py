@@ -44,6 +44,10 @@ class PointResult:
     recovery_seconds: float | None
     status: str
     reply: str | None
+    wasted_calls: int = 0  # the spend ledger's crash waste of the turn
+    wasted_tokens: int = 0  # prompt tokens, and completion tokens estimated
+    saved_calls: int = 0  # finished model calls the journal gave back instead
+    saved_tokens: int = 0
 
     @property
     def ok(self) -> bool:
@@ -79,6 +83,17 @@ class MatrixReport:
     @property
     def failures(self) -> list[PointResult]:
         return [p for p in self.points if not p.ok]
+
+    def ledger_line(self) -> str:
+        """What the crashes cost and what the journal saved, by the spend ledger."""
+        wasted = sum(p.wasted_calls for p in self.points)
+        tokens = sum(p.wasted_tokens for p in self.points)
+        saved = sum(p.saved_calls for p in self.points)
+        saved_tokens = sum(p.saved_tokens for p in self.points)
+        return (
+            f"spend ledger: the crashes wasted {wasted} model call(s), ~{tokens} tokens "
+            f"(completions estimated); the journal saved {saved} call(s), {saved_tokens} tokens"
+        )
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -232,6 +247,9 @@ def _crash_once(
     repeated = model.repeated_requests() if model is not None else 0
     allowed = 1 if interrupted_model_call else 0
     effects = scenario.counts()
+    spend = stack.runtime.get_turn(run.turn.turn_id).spend
+    assert spend is not None
+    waste, saved = spend.crash_waste, spend.journal_saved
     return PointResult(
         step=step.step,
         point=point,
@@ -248,6 +266,10 @@ def _crash_once(
         recovery_seconds=run.recovery_seconds,
         status=run.turn.status,
         reply=run.turn.reply,
+        wasted_calls=waste.calls,
+        wasted_tokens=waste.prompt_tokens + waste.completion_tokens,
+        saved_calls=saved.calls,
+        saved_tokens=saved.prompt_tokens + saved.completion_tokens,
     )
 
 

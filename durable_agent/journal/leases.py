@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
-from ..errors import TurnNotFound
+from ..errors import ServiceUnavailable, TurnNotFound
 from ..redact import redact
 from .db import Database, Row
 from .holders import holder_is_dead, host_token
@@ -129,6 +129,7 @@ class Leases:
         )
         if row is None:
             return None
+        announce(self.db, f"turn {status} {turn_id}")
         following = (
             (row["session_id"], row["next_turn_id"], row["next_queue"])
             if row["next_turn_id"]
@@ -184,3 +185,13 @@ def _refusal(state: Row, queues: list[str] | None) -> Refusal:
 
 def _aware(value: datetime) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def announce(db: Database, payload: str) -> None:
+    """Tell the watchers of a turn that a durable write of it committed (see ``announce`` in
+    ``sql/queries.sql``). Best effort: a watcher that misses it reads anyway within its
+    fallback poll."""
+    try:
+        db.run("announce", payload=payload)
+    except ServiceUnavailable as error:
+        log.info("could not announce %r: %s", payload, error)

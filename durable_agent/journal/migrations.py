@@ -61,6 +61,15 @@ def require_current(db: Database) -> None:
             f"the database at {describe_url(db.url)} has no durable-agent tables: "
             "run `durable-agent migrate`"
         )
+    # versions need not be contiguous, nor applied in order: a database may have a later
+    # version and miss an earlier one (built on a branch before the earlier one existed)
+    applied = applied_versions(db)
+    missing = sorted(m.version for m in available() if m.version not in applied)
+    if missing and version <= want:
+        raise ConfigurationError(
+            f"the database at {describe_url(db.url)} lacks schema version(s) "
+            f"{', '.join(map(str, missing))}: run `durable-agent migrate`"
+        )
     if version < want:
         raise ConfigurationError(
             f"the database at {describe_url(db.url)} is at schema version {version}, "
@@ -70,11 +79,4 @@ def require_current(db: Database) -> None:
         raise ConfigurationError(
             f"the database at {describe_url(db.url)} is at schema version {version}, newer than "
             f"this code ({want}): upgrade durable-agent"
-        )
-    applied = applied_versions(db)
-    missing = [m.name for m in migrations() if m.version not in applied]
-    if missing:  # versions need not be contiguous: one added later may sit below the newest
-        raise ConfigurationError(
-            f"the database at {describe_url(db.url)} lacks {', '.join(missing)}: "
-            "run `durable-agent migrate`"
         )

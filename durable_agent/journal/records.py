@@ -6,7 +6,10 @@ import json
 from dataclasses import dataclass, fields
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal, NamedTuple, Self, cast
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Self, cast
+
+if TYPE_CHECKING:
+    from ..spend import Spend
 
 Kind = Literal["model", "tool"]
 Replay = Literal["safe", "never"]
@@ -74,6 +77,7 @@ class Turn(_Row):
     agent_digest: str | None = None
     agent_spec: dict[str, Any] | None = None
     agent_changes: str | None = None
+    spend: Spend | None = None  # the spend ledger of the turn, from get_turn and list_turns
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", TurnStatus(self.status))
@@ -100,6 +104,7 @@ class Turn(_Row):
             "agent_changes": self.agent_changes,
             "created_at": self.created_at.isoformat(),
             "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+            **({"spend": self.spend.as_json()} if self.spend is not None else {}),
         }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -17,6 +18,7 @@ from ..errors import InvalidArgument, LeaseLost, TurnCancelled, TurnNotFound
 from .codec import digest, dumps
 from .control import ControlStore
 from .db import Database
+from .leases import announce
 from .records import Kind, Replay, Step, Turn
 
 
@@ -147,6 +149,11 @@ class JournalStore:
         """Every journal row of the turn, in step order: one query, blobs joined in."""
         return self.db.records("load_journal", Step, turn_id=turn_id)
 
+    def load_journal_from(self, turn_id: str, first: int) -> list[Step]:
+        """The journal rows of the turn from step ``first`` on, in step order."""
+        rows = self.db.run("load_journal_from", turn_id=turn_id, first=first)
+        return [Step.from_row(row) for row in rows]
+
     def insert_intent(
         self,
         turn_id: str,
@@ -204,6 +211,20 @@ class JournalStore:
         )
         if row is None:
             raise self._lost(turn_id, epoch, f"outcome of step {outcome.step}")
+        if durable:  # the trigger announces only the writes that do not wait for the flush
+            announce(self.db, f"step {outcome.step} {turn_id}")
+
+    def note_failed_call(self, turn_id: str, epoch: int) -> None:
+        """The model call in flight failed at the API (not billed; see the spend ledger)."""
+        self.db.run("note_failed_call", turn_id=turn_id, epoch=epoch)
+
+    # -- the spend ledger --------------------------------------------------------------------
+
+    def spend_rows(
+        self, by: str, turn_ids: list[str] | None = None, since: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        """The finished model calls summed per ``by`` ('turn' or 'day') and model."""
+        return self.db.run("spend", by=by, turn_ids=turn_ids, since=since)
 
     def _insert_step(
         self,
@@ -251,6 +272,8 @@ class JournalStore:
             ) from error
         if row is None:
             raise self._lost(turn_id, epoch, what)
+        if durable and status == "done":
+            announce(self.db, f"step {step} {turn_id}")
 
     def _store_payload(self, output: Any) -> tuple[str | None, str | None]:
         """JSON for the row, or (None, sha256) after moving a large payload into blobs."""

@@ -163,6 +163,7 @@ class ScriptedModelServer(LoopbackHttpService):
         self._lock = threading.Lock()
         self._requests: list[JsonDict] = []
         self._digests: list[str] = []
+        self._usage: list[JsonDict] = []  # of every completion served, as a provider bills
         self._faults: deque[_Fault] = deque()
 
     # -- addresses ---------------------------------------------------------------------
@@ -201,11 +202,23 @@ class ScriptedModelServer(LoopbackHttpService):
             seen.add(digest)
         return repeated
 
+    def billed(self) -> JsonDict:
+        """What a provider would bill: the completions served (also those whose client had
+        gone by then) and the sum of their ``usage``. Faults are not billed."""
+        with self._lock:
+            usage = list(self._usage)
+        return {
+            "calls": len(usage),
+            "prompt_tokens": sum(u["prompt_tokens"] for u in usage),
+            "completion_tokens": sum(u["completion_tokens"] for u in usage),
+        }
+
     def reset_counts(self) -> None:
         """Forget every recorded request (faults, delay and hold are untouched)."""
         with self._lock:
             self._requests.clear()
             self._digests.clear()
+            self._usage.clear()
 
     def stats(self) -> JsonDict:
         """The counts served at ``GET /_stats``."""
@@ -323,7 +336,10 @@ class ScriptedModelServer(LoopbackHttpService):
             )
         answer = self.policy(json.loads(json.dumps(body)))
         message = _normalise_message(answer, len(messages))
-        return HttpResponse(200, _completion(body, message, digest))
+        completion = _completion(body, message, digest)
+        with self._lock:
+            self._usage.append(completion["usage"])
+        return HttpResponse(200, completion)
 
 
 def _malformed(kind: str, body: JsonDict, digest: str) -> HttpResponse:
@@ -379,7 +395,9 @@ def _normalise_call(call: JsonDict, default_id: str) -> JsonDict:
 
 
 def _completion(body: JsonDict, message: JsonDict, digest: str) -> JsonDict:
-    """Build a ChatCompletion whose every byte is a function of the request."""
+    """Build a ChatCompletion whose every byte is a function of the request. Its ``usage``
+    counts about four characters a token, as OpenAI's tokenizers do for English: the
+    canonical request for the prompt, the message for the completion."""
     prompt_tokens = max(1, len(canonical_request(body)) // 4)
     completion_tokens = max(1, len(json.dumps(message)) // 4)
     return {

@@ -41,6 +41,7 @@ from durable_agent.errors import ServiceUnavailable
 from durable_agent.journal import Database, JournalStore, Step, Turn, migrate
 from durable_agent.runtime import runtime_for
 from durable_agent.settings import Settings
+from durable_agent.spend import spend_of_turns, total
 from durable_agent.testing import ScriptedModelServer, SmtpInbox, email_policy
 from durable_agent.testing.harness import WorkerProcess, settings_env, wait_until
 
@@ -268,6 +269,22 @@ class Chaos:
     def journal(self, turn_id: str) -> list[Step]:
         return self.retrying(lambda: self.store.load_journal(turn_id))
 
+    def ledger(self) -> str:
+        """What the spend ledger says the run's crashes cost and the journal saved."""
+        try:
+            ledgers = spend_of_turns(self.store, {}, list(self.turn_ids.values()))
+        except ServiceUnavailable as error:
+            return f"spend ledger unreadable: {error}"
+        run = total(ledgers.values())
+        waste, saved = run.crash_waste, run.journal_saved
+        return (
+            f"spend ledger: {run.billed.calls} model calls recorded "
+            f"({run.billed.prompt_tokens + run.billed.completion_tokens} tokens); the crashes "
+            f"wasted {waste.calls} (~{waste.prompt_tokens + waste.completion_tokens} tokens, "
+            f"completions estimated); the journal saved {saved.calls} "
+            f"({saved.prompt_tokens + saved.completion_tokens} tokens)"
+        )
+
     def report(self, headline: str = "") -> str:
         lines = [headline, f"seed: {self.seed} (DURABLE_AGENT_CHAOS_SEED={self.seed} replays it)"]
         lines += ["timeline:", *(f"  {event}" for event in self.timeline)]
@@ -275,6 +292,7 @@ class Chaos:
             f"model requests: {self.model.request_count}, "
             f"repeated: {self.model.repeated_requests()}"
         )
+        lines.append(self.ledger())
         lines.append("inbox:")
         for m in self.inbox.messages:
             lines.append(f"  {m.recipients} {m.subject!r} key={m.headers.get('X-Idempotency-Key')}")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from durable_agent import start_turn
+from durable_agent import get_turn, start_turn
 from durable_agent.testing.harness import wait_until
 
 if TYPE_CHECKING:
@@ -70,6 +70,18 @@ def test_sigkill_during_a_model_call(stack: Stack, spawn: Spawn) -> None:
     assert len(digests) == 4, report
     assert stack.model.repeated_requests() == 1, report
     assert digests[1] == digests[2], f"the repeat is not the interrupted step-2 call\n{report}"
+
+    # the spend ledger accounts for every completion the model served (the one answered to
+    # the dead worker too): 3 recorded calls, 1 crash waste, and step 0 read back once; the
+    # lost completion's estimate is exact here, as the scripted model answers alike
+    spend = get_turn(turn_id, settings=stack.settings).spend
+    served = stack.model.billed()
+    assert spend is not None, report
+    assert (spend.billed.calls, spend.crash_waste.calls, spend.journal_saved.calls) == (3, 1, 1)
+    assert spend.billed.calls + spend.crash_waste.calls == served["calls"] == 4, report
+    for tokens in ("prompt_tokens", "completion_tokens"):
+        ledger = getattr(spend.billed, tokens) + getattr(spend.crash_waste, tokens)
+        assert ledger == served[tokens], (tokens, spend, served)
 
 
 @pytest.mark.parametrize("pool", ["solo", "prefork"])

@@ -54,6 +54,15 @@ def test_crash_matrix_meets_its_targets(settings: Settings, tmp_path: Path) -> N
     assert {p["step"] for p in points if p["repeated_interrupted"]} == {0, 2, 4}
     send = next(p for p in points if p["step"] == 3 and p["point"] == "after_run")
     assert send["model_requests"] > report["clean_model_requests"]  # the model checked first
+    # the spend ledger's crash waste: one call wherever a model step's intent was interrupted
+    # (after_run: the request was answered; before_run: Postgres cannot tell it was not
+    # sent), none at tool steps; every crash after step 0 finished has the journal save calls
+    for point in points:
+        at_model = point["step"] in (0, 2, 4)
+        assert point["wasted_calls"] == (1 if at_model else 0), point
+        assert (point["wasted_tokens"] > 0) == at_model, point
+        assert (point["saved_calls"] > 0) == (point["step"] > 0), point
+    assert "spend ledger: the crashes wasted 6 model call(s)" in result.stdout
 
 
 @pytest.mark.timeout(300)

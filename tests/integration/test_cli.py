@@ -271,3 +271,42 @@ def test_agents_at_the_command_line(settings: Settings, store: JournalStore) -> 
     journal = run_cli(settings, "journal", turn.turn_id)
     assert journal.returncode == 0, journal.stderr
     assert "agent planner (not run yet)" in journal.stdout
+
+
+def test_watch_prints_the_steps_after_a_step_then_the_end(
+    settings: Settings, store: JournalStore, leases: Leases
+) -> None:
+    """`watch` of a finished turn prints its steps and its end; `--after-step 0` starts after
+    step 0; `--json` prints one object per line; a failed turn exits 1."""
+    done_id = _finished_turn(store, leases, reply="sent it")
+    failed_id = _finished_turn(store, leases, reply=None, error="no luck")
+
+    full = run_cli(settings, "watch", done_id)
+    rest = run_cli(settings, "watch", done_id, "--after-step", "0", "--json")
+    failed = run_cli(settings, "watch", failed_id, "--after-step", "1")
+
+    assert full.returncode == 0, full.stderr
+    assert full.stdout.splitlines() == [
+        'step 0  model llm: calls lookup_note({"name":"launch"})',
+        "step 1  tool lookup_note (safe): Friday at 10",
+        "done: sent it",
+    ]
+    assert rest.returncode == 0, rest.stderr
+    events = [json.loads(line) for line in rest.stdout.splitlines()]
+    assert [(e["event"], e.get("step"), e.get("status")) for e in events] == [
+        ("step", 1, "done"),
+        ("end", None, "done"),
+    ]
+    assert failed.returncode == 1 and failed.stdout == "failed: no luck\n", failed
+
+
+def test_watch_refuses_bad_input_with_one_line(settings: Settings, store: JournalStore) -> None:
+    """An unknown turn exits 4, a bad step 2, a turn still running past --timeout 3."""
+    turn = store.create_turn("s", "hi")
+    unknown = run_cli(settings, "watch", "turn_nope")
+    bad_step = run_cli(settings, "watch", turn.turn_id, "--after-step", "-5")
+    slow = run_cli(settings, "watch", turn.turn_id, "--timeout", "0.3")
+
+    assert unknown.returncode == 4 and "turn_nope" in _one_error_line(unknown)
+    assert bad_step.returncode == 2 and "after_step" in _one_error_line(bad_step)
+    assert slow.returncode == 3 and "still queued" in _one_error_line(slow)

@@ -113,6 +113,9 @@ _CATALOG = {
     "functions": """
         SELECT proname, pg_get_functiondef(oid) FROM pg_proc
         WHERE pronamespace = 'public'::regnamespace ORDER BY 1""",
+    "triggers": """
+        SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid) FROM pg_trigger
+        WHERE NOT tgisinternal ORDER BY 1, 2""",
 }
 
 
@@ -125,7 +128,7 @@ def test_migrations_build_exactly_schema_sql(
     empty_database_url: str, new_database: Callable[[], str]
 ) -> None:
     """Applying every migration gives the schema of sql/schema.sql: the same columns (types,
-    nullability, defaults), constraints, indexes and functions."""
+    nullability, defaults), constraints, indexes, functions and triggers."""
     migrated = Database(empty_database_url)
     migrate(migrated)
     migrated.close()
@@ -163,5 +166,5 @@ def test_require_current_sees_a_gap_below_the_newest_version(empty_db: Database)
     with psycopg.connect(empty_db.conninfo, autocommit=True) as conn:
         conn.execute("DELETE FROM schema_version WHERE version = 2")
 
-    with pytest.raises(ConfigurationError, match=r"lacks 0002_[a-z_]+\.sql: run `durable-agent"):
+    with pytest.raises(ConfigurationError, match=r"lacks schema version\(s\) 2: run `durable"):
         require_current(empty_db)

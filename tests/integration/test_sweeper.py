@@ -305,6 +305,29 @@ def test_a_turn_whose_receiver_died_before_claiming_it_is_sent_again(
     assert sweeper.sweep_once() == []
 
 
+def test_a_resent_turn_whose_receiver_died_is_sent_again(
+    runtime: Runtime, clock: DatabaseClock, redis_client: redis.Redis
+) -> None:
+    """The turn's holder died, the sweeper sent it again, and the worker that received that
+    message died too before it claimed the turn (a busy worker that had prefetched it): the
+    turn still shows the first holder's expired claim, and is sent once more."""
+    from durable_agent.journal.holders import host_token
+
+    turn_id = _send(runtime, clock, "s-twice")
+    claim = runtime.leases.claim(turn_id, "other-host:7:1#0123456789ab", 3.0)
+    assert isinstance(claim, Claim)
+    clock.advance(runtime.settings.lease_seconds + 0.5)
+    sweeper = runtime.sweeper()
+    assert sweeper.sweep_once() == [("s-twice", turn_id, "claim expired")]
+    clock.advance(1.0)
+    message_id = runtime.journal.get_turn(turn_id).message_id
+    assert message_id is not None
+    runtime.journal.record_receipt(turn_id, message_id, f"vm:{2**22 + 4321}:1#{host_token()}")
+
+    assert sweeper.sweep_once() == [("s-twice", turn_id, "receiver died")]
+    assert sweeper.sweep_once() == []
+
+
 def test_a_turn_is_sent_again_to_its_own_queue(
     runtime: Runtime, clock: DatabaseClock, redis_client: redis.Redis
 ) -> None:

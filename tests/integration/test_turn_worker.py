@@ -307,6 +307,10 @@ def test_model_failing_with_500_defers_the_turn_and_keeps_its_journal(
     assert (resumed.outcome, resumed.detail) == ("done", REPLY)
     assert [s.status for s in _journal(store, turn.turn_id)] == ["done"] * 5
     assert inbox.count == 1
+    # the spend ledger: the failed call is noted as not billed, so its rerun is no crash waste
+    spend = worker.runtime.get_turn(turn.turn_id).spend
+    assert spend is not None
+    assert (spend.billed.calls, spend.crash_waste.calls, spend.failed_calls) == (3, 0, 1)
 
 
 def test_model_failing_mid_turn_keeps_finished_steps(

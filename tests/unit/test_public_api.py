@@ -29,6 +29,7 @@ EXPECTED = [
     "ToolDefinitionError",
     "Turn",
     "TurnContext",
+    "TurnEvent",
     "TurnFailed",
     "TurnNotFound",
     "TurnStatus",
@@ -46,6 +47,7 @@ EXPECTED = [
     "runtime_for",
     "start_turn",
     "still_claimed",
+    "stream_turn",
     "tool",
     "wait_for_turn",
 ]

@@ -103,6 +103,15 @@ FROM journal AS j LEFT JOIN blobs AS b ON b.sha256 = j.output_blob
 WHERE j.turn_id = :turn_id
 ORDER BY j.step;
 
+-- name: load_journal_from
+-- The steps of a turn from step :first on, in order (a watcher catching up).
+SELECT j.turn_id, j.step, j.kind, j.name, j.input, j.replay, j.status,
+       coalesce(j.output, b.data) AS output, j.epoch, j.created_at, j.finished_at,
+       j.output_blob AS blob
+FROM journal AS j LEFT JOIN blobs AS b ON b.sha256 = j.output_blob
+WHERE j.turn_id = :turn_id AND j.step >= :first
+ORDER BY j.step;
+
 -- name: insert_step
 -- An intent (status 'intent') or a call that ran nothing (status 'done'). A cancelled turn
 -- takes no new step: this is the step boundary where a cancel stops it.
@@ -121,9 +130,9 @@ fence AS (
     FOR SHARE OF turns
 )
 INSERT INTO journal (turn_id, step, kind, name, input, replay, status, output, output_blob,
-                     epoch, created_at, finished_at)
+                     epoch, first_epoch, created_at, finished_at)
 SELECT fence.turn_id, :step, :kind, :name, CAST(:input AS jsonb), :replay, :status,
-       CAST(:output AS jsonb), :blob, :epoch, durable_agent_now(),
+       CAST(:output AS jsonb), :blob, :epoch, :epoch, durable_agent_now(),
        CASE WHEN :status = 'done' THEN durable_agent_now() END
 FROM fence
 RETURNING step;
@@ -172,13 +181,21 @@ finished AS (
     RETURNING j.turn_id
 )
 INSERT INTO journal (turn_id, step, kind, name, input, replay, status, output, output_blob,
-                     epoch, created_at, finished_at)
+                     epoch, first_epoch, created_at, finished_at)
 SELECT finished.turn_id, :step, :kind, :name, CAST(:input AS jsonb), :replay, :status,
-       CAST(:output AS jsonb), :blob, :epoch, durable_agent_now(),
+       CAST(:output AS jsonb), :blob, :epoch, :epoch, durable_agent_now(),
        CASE WHEN :status = 'done' THEN durable_agent_now() END
 FROM finished
 WHERE NOT EXISTS (SELECT 1 FROM cancellations AS c WHERE c.turn_id = :turn_id)
 RETURNING step;
+
+-- name: note_failed_call
+-- The model call in flight failed at the API (it kept answering 5xx or 429, or a 200 that
+-- is no completion): not billed, so the next run of this step is no crash's waste.
+UPDATE journal AS j SET failed_calls = j.failed_calls + 1
+FROM turns AS t
+WHERE t.turn_id = :turn_id AND t.lease_epoch = :epoch AND t.status = 'running'
+  AND j.turn_id = t.turn_id AND j.kind = 'model' AND j.status = 'intent';
 
 -- name: insert_step_unfenced
 -- The two-workers eval only: a stale worker's intent without the epoch fence, to show that
@@ -307,7 +324,8 @@ SELECT pg_try_advisory_xact_lock(:key);
 --   claim expired        its holder's lease ran out (once per expiry)
 --   deferral due         given back after a model outage, and now due (once)
 --   receiver died        a worker received its message and never claimed it: the worker is
---                        gone (:dead_receivers) or has not claimed it within a lease
+--                        gone (:dead_receivers) or has not claimed it within a lease (also
+--                        when the turn still shows the expired claim of an earlier holder)
 --   message lost         a message sent later on the same queue has been received, but not
 --                        this one (queues are FIFO)
 --   queue idle           nothing was sent to or received from its queue for requeue_after:
@@ -387,7 +405,8 @@ LIMIT :batch;
 -- The workers of this machine (owner ending with its token) that received a message of an
 -- open turn and have not claimed it yet: the sweeper asks whether they still run.
 SELECT DISTINCT received_by FROM turns
-WHERE status = 'queued' AND lease_owner IS NULL AND received_by LIKE :pattern
+WHERE status IN ('queued', 'running') AND received_by LIKE :pattern
+  AND (lease_owner IS NULL OR lease_expires_at <= durable_agent_now())
   AND received_message_id = message_id;
 
 -- ---------------------------------------------------------------------------------------
@@ -603,6 +622,73 @@ UPDATE turns AS t SET status = 'queued', updated_at = durable_agent_now()
 FROM decided
 WHERE t.turn_id = decided.turn_id AND t.status = 'waiting'
 RETURNING t.session_id, t.turn_id, t.queue;
+
+-- ---------------------------------------------------------------------------------------
+-- the spend ledger
+-- ---------------------------------------------------------------------------------------
+
+-- name: spend
+-- The finished model calls of the chosen turns (:turn_ids, NULL: all; created since :since,
+-- NULL: ever), summed per :by ('turn' or 'day', the UTC day of the call) and model, newest
+-- first. For each call: its tokens (the recorded `usage`); how many times it ran before,
+-- interrupted (the claims from the one that wrote its intent up to the one that finished
+-- it, less the runs that failed at the API); how many later claims read it back instead of
+-- calling the model (the turn's last epoch less the one that finished it).
+WITH picked AS (
+    SELECT turn_id, lease_epoch, created_at FROM turns
+    WHERE (CAST(:turn_ids AS text[]) IS NULL OR turn_id = ANY(CAST(:turn_ids AS text[])))
+      AND (CAST(:since AS timestamptz) IS NULL OR created_at >= CAST(:since AS timestamptz))
+),
+calls AS (
+    SELECT p.turn_id, p.created_at AS turn_created_at, j.created_at,
+           coalesce(j.input ->> 'model', '') AS model,
+           u.usage IS NOT NULL AND jsonb_typeof(u.usage) = 'object' AS has_usage,
+           CASE WHEN jsonb_typeof(u.usage -> 'prompt_tokens') = 'number'
+                THEN (u.usage ->> 'prompt_tokens')::numeric::bigint ELSE 0 END AS prompt,
+           CASE WHEN jsonb_typeof(u.usage -> 'completion_tokens') = 'number'
+                THEN (u.usage ->> 'completion_tokens')::numeric::bigint ELSE 0 END AS completion,
+           greatest(0, j.epoch - coalesce(j.first_epoch, j.epoch) - j.failed_calls)
+               AS interrupted,
+           j.failed_calls,
+           greatest(0, p.lease_epoch - j.epoch) AS read_back
+    FROM picked AS p
+    JOIN journal AS j ON j.turn_id = p.turn_id AND j.kind = 'model' AND j.status = 'done'
+    LEFT JOIN blobs AS b ON b.sha256 = j.output_blob
+    CROSS JOIN LATERAL (SELECT coalesce(j.output, b.data) -> 'usage' AS usage) AS u
+)
+SELECT CASE :by WHEN 'turn' THEN turn_id
+                WHEN 'day' THEN to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD') END AS key,
+       model,
+       count(*) AS calls,
+       count(*) FILTER (WHERE NOT has_usage) AS calls_without_usage,
+       sum(prompt) AS prompt_tokens,
+       sum(completion) AS completion_tokens,
+       sum(interrupted) AS interrupted_calls,
+       sum(interrupted * prompt) AS interrupted_prompt_tokens,
+       sum(interrupted * completion) AS interrupted_completion_tokens,
+       sum(failed_calls) AS failed_calls,
+       sum(read_back) AS read_back_calls,
+       sum(read_back * prompt) AS read_back_prompt_tokens,
+       sum(read_back * completion) AS read_back_completion_tokens,
+       max(turn_created_at) AS newest
+FROM calls
+GROUP BY 1, 2
+ORDER BY max(turn_created_at) DESC, 1 DESC, 2;
+
+-- ---------------------------------------------------------------------------------------
+-- live turns: finished steps and ended turns are announced on the channel durable_agent
+-- ---------------------------------------------------------------------------------------
+
+-- name: listen_turns
+-- On a connection of its own, kept open: be told of every announcement.
+LISTEN durable_agent;
+
+-- name: announce
+-- Announce a durable write after it committed (`step <n> <turn_id>`, `turn <status>
+-- <turn_id>`), in a transaction of its own that does not wait for the WAL flush: a NOTIFY
+-- inside the durable write would hold the cluster-wide notify lock through its flush.
+WITH quick AS (SELECT set_config('synchronous_commit', 'off', true))
+SELECT pg_notify('durable_agent', :payload) FROM quick;
 
 -- ---------------------------------------------------------------------------------------
 -- schema versions and health

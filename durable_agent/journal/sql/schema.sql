@@ -79,6 +79,8 @@ CREATE TABLE journal (
     epoch       integer NOT NULL,
     created_at  timestamptz NOT NULL DEFAULT now(),
     finished_at timestamptz,
+    first_epoch  integer,
+    failed_calls integer NOT NULL DEFAULT 0,
     PRIMARY KEY (turn_id, step)
 );
 
@@ -136,6 +138,11 @@ CREATE TABLE uncertain_notices (
     FOREIGN KEY (turn_id, step) REFERENCES journal (turn_id, step) ON DELETE CASCADE
 );
 
+-- the spend ledger reads these: each claim from first_epoch up to the one that finished the
+-- step ran its call again; failed_calls of those runs failed at the model API (not billed)
+COMMENT ON COLUMN journal.first_epoch IS 'the epoch that wrote the intent (NULL for steps recorded before version 6: epoch)';
+COMMENT ON COLUMN journal.failed_calls IS 'model calls of this step that failed at the API (not billed) before one succeeded';
+
 -- The clock every lease, deferral and grace period is measured by (tests move it forward).
 CREATE FUNCTION durable_agent_now() RETURNS timestamptz
     LANGUAGE sql STABLE PARALLEL SAFE
@@ -151,6 +158,29 @@ CREATE FUNCTION durable_agent_open_before(p_session_id text, p_seq integer) RETU
           AND status IN ('queued', 'running', 'waiting')
         ORDER BY seq LIMIT 1
     $$;
+
+-- Live turns: every finished step and every turn that ended is announced on the channel
+-- `durable_agent` when its write commits; watchers read the rows themselves.
+--   step <n> <turn_id>      journal row n of the turn is done
+--   turn <status> <turn_id> the turn ended (done or failed)
+-- Steps written without waiting for the WAL flush are announced by this trigger; durable
+-- writes (a never tool's outcome, the end of a turn) by their writer right after the commit
+-- (query `announce`): a transaction that notifies holds a cluster-wide lock through its WAL
+-- flush, which would make durable commits run one at a time.
+CREATE FUNCTION durable_agent_notify_step() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+        BEGIN
+            IF current_setting('synchronous_commit') = 'off' THEN
+                PERFORM pg_notify('durable_agent', 'step ' || NEW.step || ' ' || NEW.turn_id);
+            END IF;
+            RETURN NULL;
+        END
+    $$;
+
+-- an intent is not announced: a watcher is told of a step once, when its outcome is recorded
+CREATE TRIGGER journal_step_done AFTER INSERT OR UPDATE OF status ON journal
+    FOR EACH ROW WHEN (NEW.status = 'done') EXECUTE FUNCTION durable_agent_notify_step();
 
 -- schema_version: the migrations a database has had (written by `durable-agent migrate`).
 CREATE TABLE schema_version (

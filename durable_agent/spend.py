@@ -1,0 +1,235 @@
+"""The spend ledger: what the model calls of turns cost, what crashes wasted, what the journal
+saved.
+
+Everything is read from the journal, so nothing extra is written on the hot path:
+
+* **billed**: each finished model step once, with the tokens of its recorded ``usage``;
+* **crash waste**: the runs of a model step that were interrupted (a worker died, lost its
+  claim, or lost Postgres after the call) and ran again. Every claim from the one that wrote
+  the step's intent up to the one that finished it ran the call, less the runs that failed at
+  the model API (noted as they fail: not billed). The request of a lost run was the same as
+  the finished one (the conversation is rebuilt byte for byte), so its prompt tokens are
+  known; its response was lost, so its completion tokens are *estimated* as those of the
+  response that was recorded. A worker that died after writing the intent but before its
+  request left counts too: Postgres cannot tell the two apart;
+* **journal saved**: finished model calls that a later claim read back instead of calling
+  the model again (every claim after the one that finished the step), with their tokens.
+
+Costs come from an optional price table, ``DURABLE_AGENT_PRICES`` (USD per million prompt
+and completion tokens, by the model name sent in the request); without a price for every
+model involved, a cost is ``None``.
+
+Groupings: ``turn`` and ``day`` (the UTC day of the call). Grouping by agent needs the
+turn's agent, which the schema does not record yet: it becomes one more entry of
+:data:`GROUPINGS` and one more branch of the ``spend`` query's ``CASE :by``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from .journal import JournalStore
+
+GROUPINGS = ("turn", "day")
+"""What ``spend`` can group by (``agent`` joins once turns record their agent)."""
+
+_PRICE = re.compile(r"^\s*([^=\s]+)\s*=\s*([0-9.]+)\s*/\s*([0-9.]+)\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """USD per million prompt tokens and per million completion tokens."""
+
+    prompt: float
+    completion: float
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (prompt_tokens * self.prompt + completion_tokens * self.completion) / 1_000_000
+
+
+def parse_prices(text: str) -> dict[str, Price]:
+    """``model=PROMPT/COMPLETION,...`` (USD per million tokens), e.g.
+    ``gpt-4o-mini=0.15/0.60``; ValueError saying what is wrong."""
+    prices: dict[str, Price] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        match = _PRICE.match(item)
+        if match is None:
+            raise ValueError(
+                f"expected MODEL=PROMPT/COMPLETION in USD per million tokens "
+                f"(e.g. gpt-4o-mini=0.15/0.60), got {item!r}"
+            )
+        try:
+            prompt, completion = float(match.group(2)), float(match.group(3))
+        except ValueError:
+            raise ValueError(f"not a price: {item!r}") from None
+        prices[match.group(1)] = Price(prompt, completion)
+    return prices
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """Model calls, their tokens and (with a price for each model) their cost in USD."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cost_usd": None if self.cost is None else round(self.cost, 6),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """The ledger of one turn, day (or, later, agent)."""
+
+    key: str = ""
+    billed: Tokens = Tokens(cost=0.0)
+    crash_waste: Tokens = Tokens(cost=0.0)
+    journal_saved: Tokens = Tokens(cost=0.0)
+    failed_calls: int = 0
+    calls_without_usage: int = 0
+    models: tuple[str, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            **self.billed.as_json(),
+            "crash_waste": {**self.crash_waste.as_json(), "completion_tokens_estimated": True},
+            "journal_saved": self.journal_saved.as_json(),
+            "failed_calls_not_billed": self.failed_calls,
+            "calls_without_usage": self.calls_without_usage,
+            "models": list(self.models),
+        }
+
+
+@dataclass
+class _Sum:
+    """Adds up the rows of one key (one row per model)."""
+
+    key: str
+    newest: datetime | None = None
+    figures: dict[str, int] = field(default_factory=dict)
+    costs: dict[str, float | None] = field(default_factory=dict)
+    models: set[str] = field(default_factory=set)
+
+    def add(self, row: Mapping[str, Any], price: Price | None) -> None:
+        for name, value in row.items():
+            if name not in ("key", "model", "newest"):
+                self.figures[name] = self.figures.get(name, 0) + int(value or 0)
+        self.models.add(str(row["model"]))
+        if self.newest is None or (row["newest"] is not None and row["newest"] > self.newest):
+            self.newest = row["newest"]
+        for part, prompt, completion in (
+            ("billed", "prompt_tokens", "completion_tokens"),
+            ("waste", "interrupted_prompt_tokens", "interrupted_completion_tokens"),
+            ("saved", "read_back_prompt_tokens", "read_back_completion_tokens"),
+        ):
+            known = self.costs.get(part, 0.0)
+            if price is None or known is None:
+                self.costs[part] = None
+            else:
+                self.costs[part] = known + price.cost(int(row[prompt]), int(row[completion]))
+
+    def spend(self) -> Spend:
+        f = self.figures
+        return Spend(
+            key=self.key,
+            billed=Tokens(
+                f["calls"], f["prompt_tokens"], f["completion_tokens"], self.costs["billed"]
+            ),
+            crash_waste=Tokens(
+                f["interrupted_calls"],
+                f["interrupted_prompt_tokens"],
+                f["interrupted_completion_tokens"],
+                self.costs["waste"],
+            ),
+            journal_saved=Tokens(
+                f["read_back_calls"],
+                f["read_back_prompt_tokens"],
+                f["read_back_completion_tokens"],
+                self.costs["saved"],
+            ),
+            failed_calls=f["failed_calls"],
+            calls_without_usage=f["calls_without_usage"],
+            models=tuple(sorted(self.models)),
+        )
+
+
+def _fold(rows: Iterable[Mapping[str, Any]], prices: Mapping[str, Price]) -> list[_Sum]:
+    sums: dict[str, _Sum] = {}
+    for row in rows:
+        key = str(row["key"])
+        sums.setdefault(key, _Sum(key)).add(row, prices.get(str(row["model"])))
+    return list(sums.values())
+
+
+def check_grouping(by: Any) -> str:
+    if by not in GROUPINGS:
+        raise InvalidArgument(f"spend is grouped by one of {', '.join(GROUPINGS)}, not {by!r}")
+    return str(by)
+
+
+def spend_report(
+    store: JournalStore,
+    prices: Mapping[str, Price],
+    *,
+    by: str = "turn",
+    limit: int = 50,
+    since: datetime | None = None,
+) -> list[Spend]:
+    """The ledger per turn (newest first) or per day (latest first), at most ``limit``."""
+    check_grouping(by)
+    sums = _fold(store.spend_rows(by, None, since), prices)
+    if by == "turn":
+        sums.sort(key=lambda s: (s.newest is not None, s.newest, s.key), reverse=True)
+    else:
+        sums.sort(key=lambda s: s.key, reverse=True)
+    return [s.spend() for s in sums[:limit]]
+
+
+def spend_of_turns(
+    store: JournalStore, prices: Mapping[str, Price], turn_ids: list[str]
+) -> dict[str, Spend]:
+    """The ledger of each of these turns (an empty one for a turn with no model call)."""
+    if not turn_ids:
+        return {}
+    found = {s.key: s.spend() for s in _fold(store.spend_rows("turn", turn_ids), prices)}
+    return {turn_id: found.get(turn_id, Spend(key=turn_id)) for turn_id in turn_ids}
+
+
+def total(spends: Iterable[Spend]) -> Spend:
+    """The sum of several ledgers (a cost is None if any part's is)."""
+
+    def add(a: Tokens, b: Tokens) -> Tokens:
+        cost = None if a.cost is None or b.cost is None else a.cost + b.cost
+        return Tokens(
+            a.calls + b.calls,
+            a.prompt_tokens + b.prompt_tokens,
+            a.completion_tokens + b.completion_tokens,
+            cost,
+        )
+
+    result = Spend(key="total")
+    for s in spends:
+        result = Spend(
+            key="total",
+            billed=add(result.billed, s.billed),
+            crash_waste=add(result.crash_waste, s.crash_waste),
+            journal_saved=add(result.journal_saved, s.journal_saved),
+            failed_calls=result.failed_calls + s.failed_calls,
+            calls_without_usage=result.calls_without_usage + s.calls_without_usage,
+            models=tuple(sorted(set(result.models) | set(s.models))),
+        )
+    return result

@@ -1,0 +1,171 @@
+"""Live turns on a real Postgres: steps announced by LISTEN/NOTIFY as they commit, read by
+``stream_turn`` in order, resumable from any step, and ``wait_for_turn`` woken by the end."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from durable_agent import InvalidArgument, TurnEvent, TurnNotFound
+from durable_agent.journal import Claim, JournalStore, Leases
+from durable_agent.runtime import Runtime
+
+OWNER = "test-owner"
+SLOW_POLL = 30.0  # far longer than any wait below: only an announcement can wake a watcher
+
+
+def _claimed_turn(runtime: Runtime, session: str = "live") -> tuple[str, int]:
+    turn = runtime.journal.create_turn(session, "hello")
+    claim = runtime.leases.claim(turn.turn_id, OWNER, 30.0)
+    assert isinstance(claim, Claim)
+    return turn.turn_id, claim.epoch
+
+
+def _write_step(store: JournalStore, turn_id: str, epoch: int, step: int) -> None:
+    """Intent then outcome, as the runner writes a model step."""
+    store.insert_intent(turn_id, epoch, step, "model", "llm", {"n": step}, "safe")
+    store.record_outcome(turn_id, epoch, step, {"message": {"content": f"s{step}"}}, durable=False)
+
+
+def _collect(events: Iterator[TurnEvent], into: list[TurnEvent]) -> threading.Thread:
+    thread = threading.Thread(target=lambda: into.extend(events), daemon=True)
+    thread.start()
+    return thread
+
+
+def _until(condition: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not callable(condition) or not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def test_stream_yields_each_step_as_it_commits_then_the_end(
+    runtime: Runtime, leases: Leases
+) -> None:
+    """Steps written one at a time reach a watcher (with a 30 s fallback poll) well within a
+    second each, in order, once each; the end carries the reply."""
+    turn_id, epoch = _claimed_turn(runtime)
+    store = runtime.journal
+    _write_step(store, turn_id, epoch, 0)  # recorded before the watcher came: caught up
+    events: list[TurnEvent] = []
+    thread = _collect(runtime.stream_turn(turn_id, poll_seconds=SLOW_POLL), events)
+    _until(lambda: len(events) == 1)
+
+    for step in (1, 2, 3):
+        store.insert_intent(turn_id, epoch, step, "model", "llm", {"n": step}, "safe")
+        time.sleep(0.05)
+        assert len(events) == step, "an intent is not announced"
+        started = time.monotonic()
+        store.record_outcome(turn_id, epoch, step, {"message": {"content": f"s{step}"}})
+        _until(lambda step=step: len(events) == step + 1, timeout=2.0)
+        assert time.monotonic() - started < 1.0
+    leases.finish(turn_id, epoch, "all done")
+    thread.join(timeout=5)
+
+    assert not thread.is_alive()
+    assert [e.kind for e in events] == ["step"] * 4 + ["end"]
+    assert [e.id for e in events] == ["0", "1", "2", "3", "end"]
+    end = events[-1]
+    assert end.turn is not None and end.turn.status == "done" and end.turn.reply == "all done"
+    assert end.turn.spend is not None and end.turn.spend.billed.calls == 4
+    assert end.as_json()["event"] == "end" and events[0].as_json()["event"] == "step"
+
+
+def test_resume_after_any_step_gives_the_rest_exactly_once(runtime: Runtime) -> None:
+    """A finished turn streamed after step k gives steps k+1.. and the end; after the last
+    step, only the end."""
+    turn_id, epoch = _claimed_turn(runtime)
+    for step in range(4):
+        _write_step(runtime.journal, turn_id, epoch, step)
+    runtime.leases.finish(turn_id, epoch, "bye")
+
+    for after in (-1, 0, 2, 3, 10):
+        ids = [e.id for e in runtime.stream_turn(turn_id, after_step=after)]
+        assert ids == [str(s) for s in range(after + 1, 4)] + ["end"], after
+
+
+def test_wait_for_turn_is_woken_by_the_end_not_a_poll(runtime: Runtime) -> None:
+    """With a 30 s fallback poll, a waiter returns within a second of the turn's end."""
+    turn_id, epoch = _claimed_turn(runtime)
+    result: list[object] = []
+    thread = threading.Thread(
+        target=lambda: result.append(runtime.wait_for_turn(turn_id, 20, SLOW_POLL)), daemon=True
+    )
+    thread.start()
+    _until(lambda: runtime.announcements.listening)
+    time.sleep(0.2)
+    ended = time.monotonic()
+    runtime.leases.fail(turn_id, epoch, "no luck")
+    thread.join(timeout=5)
+
+    assert time.monotonic() - ended < 1.0
+    assert [getattr(t, "status", None) for t in result] == ["failed"]
+
+
+def test_a_dropped_listening_connection_is_replaced_and_nothing_is_missed(
+    runtime: Runtime, pg: psycopg.Connection
+) -> None:
+    """When Postgres drops the LISTEN connection, the process listens again and every watcher
+    reads once more: steps recorded meanwhile still arrive, once each."""
+    turn_id, epoch = _claimed_turn(runtime)
+    events: list[TurnEvent] = []
+    thread = _collect(runtime.stream_turn(turn_id, poll_seconds=SLOW_POLL), events)
+    _until(lambda: runtime.announcements.listening)
+
+    pg.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE application_name = 'durable-agent-listen' AND datname = current_database()"
+    )
+    _write_step(runtime.journal, turn_id, epoch, 0)
+    _write_step(runtime.journal, turn_id, epoch, 1)
+    _until(lambda: len(events) == 2, timeout=5.0)
+    runtime.leases.finish(turn_id, epoch, "ok")
+    thread.join(timeout=5)
+
+    assert [e.id for e in events] == ["0", "1", "end"]
+
+
+def test_many_watchers_share_one_listening_connection(
+    runtime: Runtime, pg: psycopg.Connection
+) -> None:
+    """Twenty watchers of five turns use one LISTEN connection; each gets its turn's steps."""
+    turns = [_claimed_turn(runtime, f"live-{i}") for i in range(5)]
+    results: dict[int, list[TurnEvent]] = {i: [] for i in range(20)}
+    threads = [
+        _collect(runtime.stream_turn(turns[i % 5][0], poll_seconds=SLOW_POLL), results[i])
+        for i in range(20)
+    ]
+    _until(lambda: runtime.announcements.listening)
+    for turn_id, epoch in turns:
+        _write_step(runtime.journal, turn_id, epoch, 0)
+        runtime.leases.finish(turn_id, epoch, f"reply of {turn_id}")
+    for thread in threads:
+        thread.join(timeout=10)
+
+    listening = pg.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'durable-agent-listen' "
+        "AND datname = current_database()"
+    ).fetchone()
+    assert listening == (1,)
+    for i, events in results.items():
+        assert [e.id for e in events] == ["0", "end"]
+        assert events[-1].turn is not None
+        assert events[-1].turn.reply == f"reply of {turns[i % 5][0]}"
+
+
+def test_bad_arguments_are_refused_before_anything_is_read(runtime: Runtime) -> None:
+    with pytest.raises(TurnNotFound):
+        runtime.stream_turn("turn_missing")
+    turn_id, _ = _claimed_turn(runtime)
+    for bad in (-2, 1.5, True, "3"):
+        with pytest.raises(InvalidArgument, match="after_step"):
+            runtime.stream_turn(turn_id, after_step=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument):
+        runtime.stream_turn(turn_id, timeout=float("nan"))
+    with pytest.raises(TimeoutError, match="still running"):
+        list(runtime.stream_turn(turn_id, timeout=0.2))
