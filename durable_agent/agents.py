@@ -26,10 +26,12 @@ on with the agent as it is now; what changed is logged and recorded on the turn.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -116,7 +118,12 @@ class BoundAgent:
     loop: Loop
 
     def spec(self) -> dict[str, Any]:
-        """What the agent's digest covers, as recorded on each turn."""
+        """What the agent's digest covers, as recorded on each turn (a copy)."""
+        return copy.deepcopy(self._spec)
+
+    @cached_property
+    def _spec(self) -> dict[str, Any]:
+        # built once per worker: the tool schemas come from pydantic, which is slow
         return {
             "model": self.model,
             "instructions_sha256": digest(self.instructions),
@@ -129,9 +136,9 @@ class BoundAgent:
             },
         }
 
-    @property
+    @cached_property
     def digest(self) -> str:
-        return digest(self.spec())
+        return digest(self._spec)
 
     def context(
         self,
