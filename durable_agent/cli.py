@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .cli_types import whole_number
 from .errors import (
     ConfigurationError,
     DurableAgentError,
@@ -272,14 +273,7 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 1 <= value <= 10_000:
-        raise argparse.ArgumentTypeError(f"must be 1 to 10000, got {text!r}")
-    return value
+_count = whole_number(1, 10_000)
 
 
 def _names(text: str) -> list[str]:

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import approvals, control, retention, uncertain
+from .cli_types import whole_number
 from .control import check_by, check_note
 from .errors import InvalidArgument
 from .inputs import check_id
@@ -196,24 +197,8 @@ def cmd_decide(runtime: Runtime, args: argparse.Namespace) -> int:
     return 0
 
 
-def _step(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a step number: {text!r}") from None
-    if not 0 <= value <= 1_000_000:
-        raise argparse.ArgumentTypeError(f"a step is 0 to 1000000, got {text!r}")
-    return value
-
-
-def _batch(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 1 <= value <= 10_000:
-        raise argparse.ArgumentTypeError(f"must be 1 to 10000, got {text!r}")
-    return value
+_step = whole_number(0, 1_000_000, "a step number")
+_batch = whole_number(1, 10_000)
 
 
 def register(add: Add) -> None:

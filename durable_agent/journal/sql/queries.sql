@@ -281,12 +281,8 @@ WITH ended AS (
     RETURNING session_id, seq
 )
 SELECT ended.session_id, ended.seq, next.turn_id AS next_turn_id, next.queue AS next_queue
-FROM ended LEFT JOIN LATERAL (
-    SELECT n.turn_id, n.queue FROM turns AS n
-    WHERE n.session_id = ended.session_id AND n.seq > ended.seq
-      AND n.status IN ('queued', 'running')
-    ORDER BY n.seq LIMIT 1
-) AS next ON true;
+FROM ended
+LEFT JOIN LATERAL durable_agent_next_open(ended.session_id, ended.seq) AS next ON true;
 
 -- name: release_turn
 -- Give the turn back (queued, journal kept), to be claimed again after a delay.
@@ -440,12 +436,8 @@ WITH ended AS (
     RETURNING t.session_id, t.seq
 )
 SELECT ended.session_id, ended.seq, next.turn_id AS next_turn_id, next.queue AS next_queue
-FROM ended LEFT JOIN LATERAL (
-    SELECT n.turn_id, n.queue FROM turns AS n
-    WHERE n.session_id = ended.session_id AND n.seq > ended.seq
-      AND n.status IN ('queued', 'running')
-    ORDER BY n.seq LIMIT 1
-) AS next ON true;
+FROM ended
+LEFT JOIN LATERAL durable_agent_next_open(ended.session_id, ended.seq) AS next ON true;
 
 -- name: end_claimed_cancelled
 -- The worker holding a cancelled turn ends it at a step boundary (fenced by its epoch).
@@ -461,12 +453,8 @@ WITH ended AS (
     RETURNING t.session_id, t.seq
 )
 SELECT ended.session_id, ended.seq, next.turn_id AS next_turn_id, next.queue AS next_queue
-FROM ended LEFT JOIN LATERAL (
-    SELECT n.turn_id, n.queue FROM turns AS n
-    WHERE n.session_id = ended.session_id AND n.seq > ended.seq
-      AND n.status IN ('queued', 'running')
-    ORDER BY n.seq LIMIT 1
-) AS next ON true;
+FROM ended
+LEFT JOIN LATERAL durable_agent_next_open(ended.session_id, ended.seq) AS next ON true;
 
 -- name: prune_preview
 -- What prune would delete: finished turns older than the cutoff whose session has no open

@@ -182,6 +182,18 @@ CREATE FUNCTION durable_agent_notify_step() RETURNS trigger
 CREATE TRIGGER journal_step_done AFTER INSERT OR UPDATE OF status ON journal
     FOR EACH ROW WHEN (NEW.status = 'done') EXECUTE FUNCTION durable_agent_notify_step();
 
+-- The next unfinished turn of a session after position `seq` (no row when there is none):
+-- what the end of a turn sends next.
+CREATE FUNCTION durable_agent_next_open(p_session_id text, p_seq integer)
+    RETURNS TABLE (turn_id text, queue text)
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+        SELECT t.turn_id, t.queue FROM turns AS t
+        WHERE t.session_id = p_session_id AND t.seq > p_seq
+          AND t.status IN ('queued', 'running')
+        ORDER BY t.seq LIMIT 1
+    $$;
+
 -- schema_version: the migrations a database has had (written by `durable-agent migrate`).
 CREATE TABLE schema_version (
     version integer PRIMARY KEY,
