@@ -326,6 +326,12 @@ def bench_recovery(url: str, pending: list[str], *, steps: int, reps: int) -> Re
             handle = _recover_workflow(
                 dbos, GetPendingWorkflowsOutput(workflow_id=workflow_id), [CRASHED_EXECUTOR]
             )
+            status = DBOS.get_workflow_status(workflow_id)
+            if status is None or (
+                status.status == "PENDING" and status.executor_id == CRASHED_EXECUTOR
+            ):
+                # not re-enqueued: get_result would wait forever
+                raise RuntimeError(f"DBOS did not recover {workflow_id}: {status}")
             result = handle.get_result()
             entered, returned = _marks.pop(workflow_id)
             if result != steps or _executed[0] != executed:
