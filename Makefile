@@ -1,10 +1,13 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# DBOS, for `make bench-peers` only, in a virtual environment of its own
+PEERS_VENV   ?= .venv-peers
+DBOS_VERSION ?= 3.4.0
 # The suite runs in three processes: most of its time is spent waiting on real workers.
 PYTEST_ARGS ?= -n 3 --dist worksteal
 
-.PHONY: install test test-compose unit lint format demo bench bench-quick clean
+.PHONY: install test test-compose unit lint format demo bench bench-quick bench-peers clean
 
 install: $(VENV)/.installed
 
@@ -43,5 +46,16 @@ bench: install
 bench-quick: install
 	$(BIN)/python -m bench --quick --json bench-results.json
 
+# DBOS side by side (per step, replay of 1,001 recorded steps), about a minute; DBOS is
+# installed from PyPI into $(PEERS_VENV), never into $(VENV)
+bench-peers: $(PEERS_VENV)/.installed-dbos-$(DBOS_VERSION)
+	$(PEERS_VENV)/bin/python -m bench.peers --json bench-peers-results.json
+
+$(PEERS_VENV)/.installed-dbos-$(DBOS_VERSION): pyproject.toml
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/pip install --quiet -e . dbos==$(DBOS_VERSION)
+	touch $@
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(PEERS_VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,5 +1,7 @@
 """``python -m bench [all|journal|throughput|resume|growth|recovery] [--quick] [--json PATH]``:
-run the benchmarks, print tables (``--quick``: one round of each, smaller sizes, for CI)."""
+run the benchmarks, print tables (``--quick``: one round of each, smaller sizes, for CI).
+DBOS side by side is not here: ``make bench-peers`` runs ``python -m bench.peers`` in a
+virtual environment of its own, so that this one never carries DBOS."""
 
 from __future__ import annotations
 
