@@ -317,10 +317,10 @@ def run(*, reps: int = 7, write_steps: int = 300, read_steps: int = 1000) -> dic
     for column in (
         "measure",
         "ours",
-        "baseline",
-        "ours / baseline",
+        "floor",
+        "ours/floor",
         "ours min-max",
-        "base min-max",
+        "floor min-max",
     ):
         table.add_column(column, justify="left" if column == "measure" else "right", no_wrap=True)
     for label, writes_of in (("model/safe", writes), ("never", never_writes)):
