@@ -272,6 +272,10 @@ class JournalStore:
             ) from error
         if row is None:
             raise self._lost(turn_id, epoch, what)
+        # the trigger announces steps done by commits that do not wait for the flush; a
+        # flushed one (a never tool's intent carrying the step before it) is announced here
+        if durable and before is not None:
+            announce(self.db, f"step {before.step} {turn_id}")
         if durable and status == "done":
             announce(self.db, f"step {step} {turn_id}")
 

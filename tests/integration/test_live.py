@@ -169,3 +169,23 @@ def test_bad_arguments_are_refused_before_anything_is_read(runtime: Runtime) -> 
         runtime.stream_turn(turn_id, timeout=float("nan"))
     with pytest.raises(TimeoutError, match="still running"):
         list(runtime.stream_turn(turn_id, timeout=0.2))
+
+
+def test_a_step_written_with_a_never_intent_is_announced(runtime: Runtime) -> None:
+    """The worker writes a model step's outcome in the statement of the next step; when that
+    is a never tool's intent the commit waits for the flush and the trigger stays silent, so
+    the writer announces the step itself: a watcher sees it without waiting for a poll."""
+    turn_id, epoch = _claimed_turn(runtime)
+    journal = runtime.journal.for_claim(turn_id, epoch, empty=True)
+    events: list[TurnEvent] = []
+    thread = _collect(runtime.stream_turn(turn_id, poll_seconds=SLOW_POLL), events)
+    journal.insert_intent(0, "model", "llm", {}, "safe")
+    journal.record_outcome(0, {"message": {"content": "call send_email"}})  # held back
+    time.sleep(0.05)
+    assert events == []
+    journal.insert_intent(1, "tool", "send_email", {"to": "a"}, "never")  # carries step 0
+
+    _until(lambda: len(events) == 1, timeout=2.0)
+    assert [e.id for e in events] == ["0"]
+    runtime.leases.fail(turn_id, epoch, "stop here")
+    thread.join(timeout=5)

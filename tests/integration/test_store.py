@@ -256,8 +256,9 @@ def test_a_model_or_safe_outcome_goes_with_the_next_write_and_a_never_outcome_at
     assert statements == [
         "insert_step",
         "finish_and_insert_step",
+        "announce",  # after a flushed write (a NOTIFY inside it would hold its flush)
         "finish_step",
-        "announce",  # after a durable write (a NOTIFY inside it would hold its flush)
+        "announce",
         "insert_step",
         "finish_step",
     ]
