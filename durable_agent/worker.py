@@ -165,10 +165,10 @@ class TurnWorker:
                 ctx = agent.context(runner, self.model, turn, history)
                 reply = run_loop(agent.loop, ctx)
                 beat.check()
-                journal.flush()
-                ended = self.leases.finish(turn.turn_id, claim.epoch, reply)
+                # the last model call's outcome, held back, is written with the end
+                ended = self.leases.finish(turn.turn_id, claim.epoch, reply, journal.take_held())
                 if ended is None:
-                    raise LeaseLost(f"turn {turn.turn_id}: reply not recorded, epoch moved on")
+                    raise self.store.lost(turn.turn_id, claim.epoch, "the reply")
                 delivery.detail, delivery.follow_up = reply, ended.next_turn
             except TurnCancelled as error:  # control.py
                 _flush_quietly(journal)  # a call that ran before the cancel keeps its outcome

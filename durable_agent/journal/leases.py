@@ -15,7 +15,7 @@ from ..errors import ServiceUnavailable, TurnNotFound
 from ..redact import redact
 from .db import Database, Row
 from .holders import holder_is_dead, host_token
-from .records import Claim, Ended, Refusal, Turn, TurnStatus
+from .records import Claim, EncodedOutcome, Ended, Refusal, Turn, TurnStatus
 
 log = logging.getLogger(__name__)
 
@@ -108,16 +108,25 @@ class Leases:
         """Does this epoch still own an unexpired lease on the turn?"""
         return bool(self.db.value("still_held", turn_id=turn_id, epoch=epoch))
 
-    def finish(self, turn_id: str, epoch: int, reply: str) -> Ended | None:
-        """Record the reply and end the turn as done; None if the epoch moved on."""
-        return self._end(turn_id, epoch, TurnStatus.DONE, reply, None)
+    def finish(
+        self, turn_id: str, epoch: int, reply: str, held: EncodedOutcome | None = None
+    ) -> Ended | None:
+        """Record the reply and end the turn as done; None if the epoch moved on (or the
+        ``held`` step, written with it, is no longer an intent: its claim's writes were lost)."""
+        return self._end(turn_id, epoch, TurnStatus.DONE, reply, None, held)
 
     def fail(self, turn_id: str, epoch: int, error: str) -> Ended | None:
         """End the turn as failed with a reason; None if the epoch moved on."""
-        return self._end(turn_id, epoch, TurnStatus.FAILED, None, error)
+        return self._end(turn_id, epoch, TurnStatus.FAILED, None, error, None)
 
     def _end(
-        self, turn_id: str, epoch: int, status: TurnStatus, reply: str | None, error: str | None
+        self,
+        turn_id: str,
+        epoch: int,
+        status: TurnStatus,
+        reply: str | None,
+        error: str | None,
+        held: EncodedOutcome | None,
     ) -> Ended | None:
         row = self.db.one(
             "end_turn",
@@ -126,9 +135,14 @@ class Leases:
             status=str(status),
             reply=reply,
             error=redact(error) if error else None,
+            held_step=held.step if held else None,
+            held_output=held.output if held else None,
+            held_blob=held.blob if held else None,
         )
         if row is None:
             return None
+        if held is not None:  # flushed with the end: the trigger stayed silent
+            announce(self.db, f"step {held.step} {turn_id}")
         announce(self.db, f"turn {status} {turn_id}")
         following = (
             (row["session_id"], row["next_turn_id"], row["next_queue"])

@@ -189,3 +189,12 @@ class Refusal:
 
     reason: RefusalReason
     detail: str
+
+
+@dataclass(frozen=True)
+class EncodedOutcome:
+    """A step's outcome ready to write: its JSON, or the hash of the blob that holds it."""
+
+    step: int
+    output: str | None
+    blob: str | None

@@ -8,7 +8,6 @@ at the same (turn, step) is rejected by the primary key.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -19,20 +18,11 @@ from .codec import digest, dumps
 from .control import ControlStore
 from .db import Database
 from .leases import announce
-from .records import Kind, Replay, Step, Turn
+from .records import EncodedOutcome, Kind, Replay, Step, Turn
 
 
 def new_turn_id() -> str:
     return "turn_" + uuid.uuid4().hex
-
-
-@dataclass(frozen=True)
-class EncodedOutcome:
-    """A step's outcome ready to write: its JSON, or the hash of the blob that holds it."""
-
-    step: int
-    output: str | None
-    blob: str | None
 
 
 class JournalStore:
@@ -210,7 +200,7 @@ class JournalStore:
             durable=durable,
         )
         if row is None:
-            raise self._lost(turn_id, epoch, f"outcome of step {outcome.step}")
+            raise self.lost(turn_id, epoch, f"outcome of step {outcome.step}")
         if durable:  # the trigger announces only the writes that do not wait for the flush
             announce(self.db, f"step {outcome.step} {turn_id}")
 
@@ -271,7 +261,7 @@ class JournalStore:
                 f"(primary key (turn_id, step) rejected this {status})"
             ) from error
         if row is None:
-            raise self._lost(turn_id, epoch, what)
+            raise self.lost(turn_id, epoch, what)
         # the trigger announces steps done by commits that do not wait for the flush; a
         # flushed one (a never tool's intent carrying the step before it) is announced here
         if durable and before is not None:
@@ -290,7 +280,9 @@ class JournalStore:
         self.db.run("put_blob", sha256=sha, data=encoded, size=len(encoded))
         return None, sha
 
-    def _lost(self, turn_id: str, epoch: int, what: str) -> LeaseLost | TurnCancelled:
+    def lost(self, turn_id: str, epoch: int, what: str) -> LeaseLost | TurnCancelled:
+        """Why a write of this claim was refused: the turn is gone, cancelled, taken over,
+        or (still ours) the journal lost its last writes in a Postgres crash."""
         turn = self.find_turn(turn_id)
         if turn is None:
             return LeaseLost(f"turn {turn_id} no longer exists; {what} not written")
@@ -369,6 +361,12 @@ class ClaimedJournal:
             self.store.record_outcome(self.turn_id, self.epoch, step, output, durable=True)
         else:
             self._held = self.store.encode_outcome(step, output)
+
+    def take_held(self) -> EncodedOutcome | None:
+        """The held-back outcome, for the caller to write with the turn's end (which
+        then owns it: it is no longer this journal's to flush)."""
+        held, self._held = self._held, None
+        return held
 
     def flush(self) -> None:
         held, self._held = self._held, None

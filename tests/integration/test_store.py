@@ -293,3 +293,30 @@ def test_a_held_outcome_is_fenced_with_the_write_it_goes_with(
     ):
         journal.insert_intent(1, "model", "llm", {}, "safe")
     assert [(r.step, r.status, r.output) for r in _rows(pg, turn.turn_id)] == [(0, "intent", None)]
+
+
+def test_the_turn_ends_only_with_its_held_last_step(
+    pg: psycopg.Connection, store: JournalStore, leases: Leases
+) -> None:
+    """The reply's model step, held back, is written by end_turn itself; if its intent is
+    gone (a Postgres crash took it), the turn does not end with a reply its journal lacks."""
+    for lose_it in (False, True):
+        turn = store.create_turn(f"s-end-{lose_it}", "m")
+        epoch = _claim(leases, turn.turn_id)
+        journal = store.for_claim(turn.turn_id, epoch, empty=True)
+        journal.insert_intent(0, "model", "llm", {}, "safe")
+        journal.record_outcome(0, {"message": {"content": "the reply"}})
+        if lose_it:
+            pg.execute("DELETE FROM journal WHERE turn_id = %s", (turn.turn_id,))
+
+        ended = leases.finish(turn.turn_id, epoch, "the reply", journal.take_held())
+
+        after = store.get_turn(turn.turn_id)
+        if lose_it:
+            assert ended is None and after.status == "running"
+            error = store.lost(turn.turn_id, epoch, "the reply")
+            assert "the journal lost its last writes" in str(error)
+        else:
+            assert ended is not None and after.status == "done"
+            [step] = store.load_journal(turn.turn_id)
+            assert (step.status, step.output) == ("done", {"message": {"content": "the reply"}})

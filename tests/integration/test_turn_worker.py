@@ -505,3 +505,48 @@ def test_start_turn_names_an_agent(settings: Settings) -> None:
             runtime.start_turn("s", "hi", agent="bad name!")
     finally:
         runtime.close()
+
+
+def test_a_five_call_turn_is_nine_journal_statements(
+    make_worker: Callable[..., TurnWorker],
+    store: JournalStore,
+    inbox: SmtpInbox,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a turn costs Postgres: a model or safe outcome goes with the next statement (the
+    last one with the turn's end); only the claim, the never step and the end wait for the
+    WAL flush; watchers are told after the flushed commits."""
+    from durable_agent.journal import db as db_module
+
+    worker = make_worker()
+    turn = store.create_turn("s-count", MESSAGE)
+    statements: list[str] = []
+    real_run = db_module._run
+
+    def count(conn: Any, query: Any, params: Any, make: Any = None) -> Any:
+        statements.append(query.name)
+        return real_run(conn, query, params, make)
+
+    monkeypatch.setattr(db_module, "_run", count)
+    delivery = worker.handle(turn.turn_id)
+    monkeypatch.undo()
+
+    assert delivery.outcome == "done", delivery
+    assert statements == [
+        "claim_turn",
+        "record_turn_agent",  # the agent's digest, on a turn's first run
+        "insert_step",  # 0 llm
+        "finish_and_insert_step",  # 0 done, 1 lookup_note
+        "finish_and_insert_step",  # 1 done, 2 llm
+        "finish_and_insert_step",  # 2 done, 3 send_email (flushed)
+        "announce",
+        "finish_step",  # 3 done (flushed)
+        "announce",
+        "insert_step",  # 4 llm
+        "end_turn",  # 4 done, the reply (flushed)
+        "announce",
+        "announce",
+    ]
+    steps = store.load_journal(turn.turn_id)
+    assert _names(steps) == EMAIL_TURN and all(s.status == "done" for s in steps)
+    assert store.get_turn(turn.turn_id).reply == REPLY and len(inbox.messages) == 1

@@ -272,12 +272,24 @@ FROM turns WHERE turn_id = :turn_id;
 -- Finish the turn (done or failed) if this epoch still holds it; the next unfinished turn
 -- of its session comes back with it (NULLs when there is none). Waits for the WAL flush,
 -- which takes every earlier write of the turn with it: a reply someone may read is on disk.
-WITH ended AS (
+-- :held_step (NULL: none) is a step whose outcome the writer held back (the model call
+-- that gave the reply): it is written here too, and the turn ends only if it was.
+WITH held AS (
+    UPDATE journal AS j
+    SET status = 'done', output = CAST(:held_output AS jsonb), output_blob = :held_blob,
+        epoch = :epoch, finished_at = durable_agent_now()
+    FROM turns AS t
+    WHERE j.turn_id = :turn_id AND j.step = CAST(:held_step AS integer) AND j.status = 'intent'
+      AND t.turn_id = j.turn_id AND t.lease_epoch = :epoch AND t.status = 'running'
+    RETURNING j.step
+),
+ended AS (
     UPDATE turns
     SET status = :status, reply = :reply, error = :error, lease_owner = NULL,
         lease_expires_at = NULL, finished_at = durable_agent_now(),
         updated_at = durable_agent_now()
     WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running'
+      AND (CAST(:held_step AS integer) IS NULL OR EXISTS (SELECT 1 FROM held))
     RETURNING session_id, seq
 )
 SELECT ended.session_id, ended.seq, next.turn_id AS next_turn_id, next.queue AS next_queue
