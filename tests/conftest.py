@@ -9,6 +9,7 @@ Postgres and Redis are found from ``DURABLE_AGENT_TEST_POSTGRES`` (default
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -290,4 +291,8 @@ def user_app(monkeypatch: pytest.MonkeyPatch) -> Path:
     and in the workers the crash matrix starts (they get the current folder on their path)."""
     monkeypatch.chdir(USER_APP)
     monkeypatch.syspath_prepend(str(USER_APP))
+    # its modules read the environment at import (the agents' queues): each test imports
+    # them afresh, not as an earlier test in this process left them
+    for name in [m for m in sys.modules if m == "giftshop" or m.startswith("giftshop.")]:
+        monkeypatch.delitem(sys.modules, name)
     return USER_APP
