@@ -220,6 +220,18 @@ class AgentBook:
     def serves(self, name: str) -> bool:
         return name in self.served
 
+    @cached_property
+    def served_specs(self) -> str:
+        """JSON of the served agents' digests and specs by name: a claim records them on a
+        turn's first run in the same statement (``claim_turn``)."""
+        return json.dumps(
+            {
+                n: {"digest": self._agents[n].digest, "spec": self._agents[n].spec()}
+                for n in sorted(self.served)
+            },
+            sort_keys=True,
+        )
+
     @property
     def queues(self) -> list[str]:
         """The queues of the served agents."""

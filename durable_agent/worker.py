@@ -90,7 +90,11 @@ class TurnWorker:
     def handle(self, turn_id: str) -> Delivery:
         self.faults.maybe_crash_before_claim()
         claim = self.leases.claim(
-            turn_id, worker_identity(), self.settings.lease_seconds, self.runtime.queues
+            turn_id,
+            worker_identity(),
+            self.settings.lease_seconds,
+            self.runtime.queues,
+            self.agents.served_specs,
         )
         if isinstance(claim, Refusal):
             log.info("delivery of %s not run: %s", turn_id, claim.detail)

@@ -28,11 +28,18 @@ class Leases:
         self.end_dead_local_claims = end_dead_local_claims
 
     def claim(
-        self, turn_id: str, owner: str, lease_seconds: float, queues: list[str] | None = None
+        self,
+        turn_id: str,
+        owner: str,
+        lease_seconds: float,
+        queues: list[str] | None = None,
+        agents: str | None = None,
     ) -> Claim | Refusal:
         """Take the turn for ``owner``, or say why not. With ``queues``, only a turn that
-        belongs to one of them is taken ("elsewhere" otherwise)."""
-        row = self._claim(turn_id, owner, lease_seconds, queues)
+        belongs to one of them is taken ("elsewhere" otherwise). ``agents``: the claimer's
+        agents' digests and specs as JSON (``AgentBook.served_specs``), recorded on the turn
+        by its first claim."""
+        row = self._claim(turn_id, owner, lease_seconds, queues, agents)
         if row is None:
             state = self.db.one("claim_refusal", turn_id=turn_id)
             if state is None:
@@ -44,7 +51,7 @@ class Leases:
                 )
             ):
                 return _refusal(state, queues)
-            row = self._claim(turn_id, owner, lease_seconds, queues)
+            row = self._claim(turn_id, owner, lease_seconds, queues, agents)
             if row is None:
                 state = self.db.one("claim_refusal", turn_id=turn_id)
                 if state is None:
@@ -54,7 +61,12 @@ class Leases:
         return Claim(turn=turn, epoch=turn.lease_epoch, owner=owner)
 
     def _claim(
-        self, turn_id: str, owner: str, lease_seconds: float, queues: list[str] | None
+        self,
+        turn_id: str,
+        owner: str,
+        lease_seconds: float,
+        queues: list[str] | None,
+        agents: str | None,
     ) -> Row | None:
         return self.db.one(
             "claim_turn",
@@ -62,6 +74,7 @@ class Leases:
             owner=owner,
             lease_seconds=lease_seconds,
             queues=queues,
+            agents=agents,
         )
 
     def end_claim_of_dead_holder(self, turn_id: str, owner: str | None, epoch: int) -> bool:

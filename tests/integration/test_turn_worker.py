@@ -533,8 +533,7 @@ def test_a_five_call_turn_is_nine_journal_statements(
 
     assert delivery.outcome == "done", delivery
     assert statements == [
-        "claim_turn",
-        "record_turn_agent",  # the agent's digest, on a turn's first run
+        "claim_turn",  # with the agent's digest, on a turn's first run
         "insert_step",  # 0 llm
         "finish_and_insert_step",  # 0 done, 1 lookup_note
         "finish_and_insert_step",  # 1 done, 2 llm

@@ -217,6 +217,8 @@ ON CONFLICT (sha256) DO UPDATE SET created_at = durable_agent_now();
 -- ---------------------------------------------------------------------------------------
 
 -- name: claim_turn
+-- :agents (JSON by agent name of {digest, spec}, NULL: none) are the claimer's agents: the
+-- turn's first claim records its agent's digest and spec with it, no statement of its own.
 -- Take the turn when its lease is free, expired or already ours, it is not deferred, it
 -- belongs to one of the claimer's queues (NULL: any), and every earlier turn of its session
 -- has finished. Moves the epoch on and counts the attempt (and a crash, when it takes over
@@ -230,7 +232,9 @@ UPDATE turns AS t SET
         + CASE WHEN t.lease_owner IS NOT NULL AND t.lease_owner <> :owner THEN 1 ELSE 0 END,
     lease_expires_at = durable_agent_now() + make_interval(secs => :lease_seconds),
     not_before = NULL,
-    updated_at = durable_agent_now()
+    updated_at = durable_agent_now(),
+    agent_digest = coalesce(t.agent_digest, CAST(:agents AS jsonb) -> t.agent ->> 'digest'),
+    agent_spec = coalesce(t.agent_spec, CAST(:agents AS jsonb) -> t.agent -> 'spec')
 WHERE t.turn_id = :turn_id
   AND t.status IN ('queued', 'running')
   AND (t.lease_owner IS NULL OR t.lease_owner = :owner
