@@ -154,9 +154,9 @@ class Leases:
         )
         if row is None:
             return None
-        if held is not None:  # flushed with the end: the trigger stayed silent
-            announce(self.db, f"step {held.step} {turn_id}")
-        announce(self.db, f"turn {status} {turn_id}")
+        # flushed: the trigger stayed silent, so the step written with the end is told too
+        steps = [f"step {held.step} {turn_id}"] if held is not None else []
+        announce(self.db, *steps, f"turn {status} {turn_id}")
         following = (
             (row["session_id"], row["next_turn_id"], row["next_queue"])
             if row["next_turn_id"]
@@ -214,11 +214,11 @@ def _aware(value: datetime) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def announce(db: Database, payload: str) -> None:
+def announce(db: Database, *payloads: str) -> None:
     """Tell the watchers of a turn that a durable write of it committed (see ``announce`` in
-    ``sql/queries.sql``). Best effort: a watcher that misses it reads anyway within its
-    fallback poll."""
+    ``sql/queries.sql``): one statement for all ``payloads``. Best effort: a watcher that
+    misses it reads anyway within its fallback poll."""
     try:
-        db.run("announce", payload=payload)
+        db.run("announce", payloads=list(payloads))
     except ServiceUnavailable as error:
-        log.info("could not announce %r: %s", payload, error)
+        log.info("could not announce %r: %s", payloads, error)

@@ -264,10 +264,11 @@ class JournalStore:
             raise self.lost(turn_id, epoch, what)
         # the trigger announces steps done by commits that do not wait for the flush; a
         # flushed one (a never tool's intent carrying the step before it) is announced here
-        if durable and before is not None:
-            announce(self.db, f"step {before.step} {turn_id}")
-        if durable and status == "done":
-            announce(self.db, f"step {step} {turn_id}")
+        if durable:
+            done = [before.step] if before is not None else []
+            done += [step] if status == "done" else []
+            if done:
+                announce(self.db, *(f"step {n} {turn_id}" for n in done))
 
     def _store_payload(self, output: Any) -> tuple[str | None, str | None]:
         """JSON for the row, or (None, sha256) after moving a large payload into blobs."""

@@ -543,8 +543,7 @@ def test_a_five_call_turn_is_nine_journal_statements(
         "announce",
         "insert_step",  # 4 llm
         "end_turn",  # 4 done, the reply (flushed)
-        "announce",
-        "announce",
+        "announce",  # step 4 and the end, in one statement
     ]
     steps = store.load_journal(turn.turn_id)
     assert _names(steps) == EMAIL_TURN and all(s.status == "done" for s in steps)

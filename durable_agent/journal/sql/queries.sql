@@ -689,10 +689,13 @@ LISTEN durable_agent;
 
 -- name: announce
 -- Announce a durable write after it committed (`step <n> <turn_id>`, `turn <status>
--- <turn_id>`), in a transaction of its own that does not wait for the WAL flush: a NOTIFY
--- inside the durable write would hold the cluster-wide notify lock through its flush.
+-- <turn_id>`, one or more, in order), in a transaction of its own that does not wait for the
+-- WAL flush: a NOTIFY inside the durable write would hold the cluster-wide notify lock
+-- through its flush.
 WITH quick AS (SELECT set_config('synchronous_commit', 'off', true))
-SELECT pg_notify('durable_agent', :payload) FROM quick;
+SELECT pg_notify('durable_agent', p.payload)
+FROM quick, unnest(CAST(:payloads AS text[])) WITH ORDINALITY AS p (payload, n)
+ORDER BY p.n;
 
 -- ---------------------------------------------------------------------------------------
 -- schema versions and health
