@@ -507,7 +507,7 @@ def test_start_turn_names_an_agent(settings: Settings) -> None:
         runtime.close()
 
 
-def test_a_five_call_turn_is_nine_journal_statements(
+def test_a_five_call_turn_is_eight_journal_statements(
     make_worker: Callable[..., TurnWorker],
     store: JournalStore,
     inbox: SmtpInbox,
