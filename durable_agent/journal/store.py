@@ -155,10 +155,14 @@ class JournalStore:
         replay: Replay | None,
         *,
         before: EncodedOutcome | None = None,
+        told: int | None = None,
     ) -> None:
         """Commit the intent of a call before it runs (``before``: the outcome of the step
-        before it, written in the same statement)."""
-        self._insert_step(turn_id, epoch, step, kind, name, input, replay, "intent", None, before)
+        before it, written in the same statement; ``told``: a step whose flushed outcome
+        is announced with it)."""
+        self._insert_step(
+            turn_id, epoch, step, kind, name, input, replay, "intent", None, before, told
+        )
 
     def insert_done(
         self,
@@ -172,9 +176,12 @@ class JournalStore:
         output: Any,
         *,
         before: EncodedOutcome | None = None,
+        told: int | None = None,
     ) -> None:
         """Record a step that ran nothing (a refused call) as done in one write."""
-        self._insert_step(turn_id, epoch, step, kind, name, input, replay, "done", output, before)
+        self._insert_step(
+            turn_id, epoch, step, kind, name, input, replay, "done", output, before, told
+        )
 
     def encode_outcome(self, step: int, output: Any) -> EncodedOutcome:
         """The outcome as it will be written (a large one is put into blobs now)."""
@@ -188,8 +195,16 @@ class JournalStore:
         self.write_outcome(turn_id, epoch, self.encode_outcome(step, output), durable=durable)
 
     def write_outcome(
-        self, turn_id: str, epoch: int, outcome: EncodedOutcome, *, durable: bool
+        self,
+        turn_id: str,
+        epoch: int,
+        outcome: EncodedOutcome,
+        *,
+        durable: bool,
+        announce_now: bool = True,
     ) -> None:
+        """Mark an intent done. A flushed outcome is announced after its commit, unless
+        ``announce_now`` is False: the caller then has it told by its next write."""
         row = self.db.one(
             "finish_step",
             turn_id=turn_id,
@@ -201,7 +216,7 @@ class JournalStore:
         )
         if row is None:
             raise self.lost(turn_id, epoch, f"outcome of step {outcome.step}")
-        if durable:  # the trigger announces only the writes that do not wait for the flush
+        if durable and announce_now:  # the trigger announces only unflushed commits
             announce(self.db, f"step {outcome.step} {turn_id}")
 
     def note_failed_call(self, turn_id: str, epoch: int) -> None:
@@ -228,10 +243,14 @@ class JournalStore:
         status: str,
         output: Any,
         before: EncodedOutcome | None,
+        told: int | None,
     ) -> None:
         stored, blob = self._store_payload(output) if status == "done" else (None, None)
         # the intent of a never tool is on disk before the call runs (see queries.sql)
         durable = status == "intent" and replay == "never"
+        if told is not None and durable:  # no NOTIFY inside a flushed commit
+            announce(self.db, f"step {told} {turn_id}")
+            told = None
         params: dict[str, Any] = dict(
             turn_id=turn_id,
             epoch=epoch,
@@ -244,6 +263,7 @@ class JournalStore:
             output=stored,
             blob=blob,
             durable=durable,
+            told=None if told is None else f"step {told} {turn_id}",
         )
         what = f"{status} of step {step}"
         if before is not None:
@@ -317,6 +337,7 @@ class ClaimedJournal:
         self._steps = steps
         self._never_steps: set[int] = set()  # intents of never tools this claim wrote
         self._held: EncodedOutcome | None = None  # an outcome written with the next write
+        self._untold: int | None = None  # a flushed step to announce with the next write
 
     def steps(self) -> list[Step]:
         if self._steps is None:
@@ -327,7 +348,15 @@ class ClaimedJournal:
         self, step: int, kind: Kind, name: str, input: dict[str, Any], replay: Replay | None
     ) -> None:
         self.store.insert_intent(
-            self.turn_id, self.epoch, step, kind, name, input, replay, before=self._held_for(step)
+            self.turn_id,
+            self.epoch,
+            step,
+            kind,
+            name,
+            input,
+            replay,
+            before=self._held_for(step),
+            told=self._take_untold(),
         )
         if replay == "never":
             self._never_steps.add(step)
@@ -351,6 +380,7 @@ class ClaimedJournal:
             replay,
             output,
             before=self._held_for(step),
+            told=self._take_untold(),
         )
 
     def record_outcome(self, step: int, output: Any) -> None:
@@ -359,7 +389,13 @@ class ClaimedJournal:
         # call again, as it would if the call itself had been cut short.
         self.flush()
         if step in self._never_steps:
-            self.store.record_outcome(self.turn_id, self.epoch, step, output, durable=True)
+            # on disk at once; watchers are told with the next write (a separate statement
+            # now would cost a round trip), or by flush() if none comes
+            outcome = self.store.encode_outcome(step, output)
+            self.store.write_outcome(
+                self.turn_id, self.epoch, outcome, durable=True, announce_now=False
+            )
+            self._untold = step
         else:
             self._held = self.store.encode_outcome(step, output)
 
@@ -373,6 +409,13 @@ class ClaimedJournal:
         held, self._held = self._held, None
         if held is not None:
             self.store.write_outcome(self.turn_id, self.epoch, held, durable=False)
+        untold = self._take_untold()
+        if untold is not None:
+            announce(self.store.db, f"step {untold} {self.turn_id}")
+
+    def _take_untold(self) -> int | None:
+        untold, self._untold = self._untold, None
+        return untold
 
     def _held_for(self, step: int) -> EncodedOutcome | None:
         """The held-back outcome, to go with the write of ``step`` when it is the step before."""

@@ -13,6 +13,7 @@ import pytest
 from durable_agent import InvalidArgument, TurnEvent, TurnNotFound
 from durable_agent.journal import Claim, JournalStore, Leases
 from durable_agent.runtime import Runtime
+from durable_agent.settings import Settings
 
 OWNER = "test-owner"
 SLOW_POLL = 30.0  # far longer than any wait below: only an announcement can wake a watcher
@@ -189,3 +190,35 @@ def test_a_step_written_with_a_never_intent_is_announced(runtime: Runtime) -> No
     assert [e.id for e in events] == ["0"]
     runtime.leases.fail(turn_id, epoch, "stop here")
     thread.join(timeout=5)
+
+
+def test_a_never_outcome_is_announced_with_the_next_write(
+    runtime: Runtime, settings: Settings
+) -> None:
+    """A never tool's outcome waits for the flush, so it is told by the next step's statement
+    (no round trip of its own), or by flush() when no step follows. Read on a connection of
+    the test's own that listens, so what is announced when is certain."""
+    turn_id, epoch = _claimed_turn(runtime)
+    journal = runtime.journal.for_claim(turn_id, epoch, empty=True)
+    with psycopg.connect(settings.database_url, autocommit=True) as listener:
+        listener.execute("LISTEN durable_agent")
+
+        def told() -> list[str]:
+            return [
+                n.payload.split()[1]
+                for n in listener.notifies(timeout=0.3)
+                if n.payload.startswith("step ")
+            ]
+
+        journal.insert_intent(0, "tool", "send_email", {"to": "a"}, "never")
+        journal.record_outcome(0, {"content": "sent"})
+        assert told() == []  # flushed: not announced by its own statement
+        journal.insert_intent(1, "model", "llm", {}, "safe")
+        assert told() == ["0"]  # with the next step's statement
+        journal.record_outcome(1, {"message": {"content": "call send_email"}})
+        journal.insert_intent(2, "tool", "send_email", {"to": "b"}, "never")
+        assert told() == ["1"]  # a flushed insert announces the step it carried
+        journal.record_outcome(2, {"content": "sent"})
+        assert told() == []
+        journal.flush()  # no step follows: told now
+        assert told() == ["2"]

@@ -538,10 +538,9 @@ def test_a_five_call_turn_is_eight_journal_statements(
         "finish_and_insert_step",  # 0 done, 1 lookup_note
         "finish_and_insert_step",  # 1 done, 2 llm
         "finish_and_insert_step",  # 2 done, 3 send_email (flushed)
-        "announce",
+        "announce",  # step 2
         "finish_step",  # 3 done (flushed)
-        "announce",
-        "insert_step",  # 4 llm
+        "insert_step",  # 4 llm, telling watchers of step 3
         "end_turn",  # 4 done, the reply (flushed)
         "announce",  # step 4 and the end, in one statement
     ]

@@ -114,11 +114,15 @@ ORDER BY j.step;
 
 -- name: insert_step
 -- An intent (status 'intent') or a call that ran nothing (status 'done'). A cancelled turn
--- takes no new step: this is the step boundary where a cancel stops it.
+-- takes no new step: this is the step boundary where a cancel stops it. :told (NULL:
+-- nothing) announces a flushed write just before (a never tool's outcome) with this commit,
+-- which does not wait for the flush (the writer passes it only then).
 WITH flush AS (
     SELECT set_config('synchronous_commit',
                       CASE WHEN :durable THEN current_setting('synchronous_commit')
-                           ELSE 'off' END, true)
+                           ELSE 'off' END, true),
+           CASE WHEN CAST(:told AS text) IS NOT NULL
+                THEN pg_notify('durable_agent', CAST(:told AS text)) END
 ),
 fence AS (
     SELECT turn_id FROM turns, flush
@@ -164,7 +168,9 @@ RETURNING j.step;
 WITH flush AS (
     SELECT set_config('synchronous_commit',
                       CASE WHEN :durable THEN current_setting('synchronous_commit')
-                           ELSE 'off' END, true)
+                           ELSE 'off' END, true),
+           CASE WHEN CAST(:told AS text) IS NOT NULL
+                THEN pg_notify('durable_agent', CAST(:told AS text)) END
 ),
 fence AS (
     SELECT turn_id FROM turns, flush
