@@ -356,7 +356,8 @@ class ClaimedJournal:
             input,
             replay,
             before=self._held_for(step),
-            told=self._take_untold(),
+            # a never intent waits for the flush: no NOTIFY inside it; told by a later write
+            told=None if replay == "never" else self._take_untold(),
         )
         if replay == "never":
             self._never_steps.add(step)
@@ -387,7 +388,7 @@ class ClaimedJournal:
         # The outcome of a never call is on disk at once. Any other is held back and
         # written with the next step (or by flush): a worker killed in between runs that
         # call again, as it would if the call itself had been cut short.
-        self.flush()
+        self._write_held()
         if step in self._never_steps:
             # on disk at once; watchers are told with the next write (a separate statement
             # now would cost a round trip), or by flush() if none comes
@@ -406,12 +407,15 @@ class ClaimedJournal:
         return held
 
     def flush(self) -> None:
+        self._write_held()
+        untold = self._take_untold()
+        if untold is not None:  # the newest step: a watcher woken reads every step before it
+            announce(self.store.db, f"step {untold} {self.turn_id}")
+
+    def _write_held(self) -> None:
         held, self._held = self._held, None
         if held is not None:
             self.store.write_outcome(self.turn_id, self.epoch, held, durable=False)
-        untold = self._take_untold()
-        if untold is not None:
-            announce(self.store.db, f"step {untold} {self.turn_id}")
 
     def _take_untold(self) -> int | None:
         untold, self._untold = self._untold, None
@@ -420,6 +424,6 @@ class ClaimedJournal:
     def _held_for(self, step: int) -> EncodedOutcome | None:
         """The held-back outcome, to go with the write of ``step`` when it is the step before."""
         if self._held is not None and self._held.step != step - 1:
-            self.flush()
+            self._write_held()
         held, self._held = self._held, None
         return held

@@ -219,6 +219,8 @@ def test_a_never_outcome_is_announced_with_the_next_write(
         journal.insert_intent(2, "tool", "send_email", {"to": "b"}, "never")
         assert told() == ["1"]  # a flushed insert announces the step it carried
         journal.record_outcome(2, {"content": "sent"})
-        assert told() == []
-        journal.flush()  # no step follows: told now
-        assert told() == ["2"]
+        journal.insert_intent(3, "tool", "send_email", {"to": "c"}, "never")
+        assert told() == []  # a never intent right after: step 2 waits for a later write
+        journal.record_outcome(3, {"content": "sent"})
+        journal.flush()  # no step follows: told now (the newest step wakes every watcher)
+        assert told() == ["3"]
