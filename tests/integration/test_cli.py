@@ -3,33 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import sys
 
 import psycopg
 import redis
+from inprocess import run_cli
 
 from durable_agent.journal import Claim, JournalStore, Leases
 from durable_agent.settings import Settings
-from durable_agent.testing.harness import settings_env
 
 STEP_FIELDS = {"step", "kind", "name", "replay", "status", "input", "output"}
-
-
-def run_cli(
-    settings: Settings, *args: str, timeout: float = 60, **env: str
-) -> subprocess.CompletedProcess[str]:
-    """Run `python -m durable_agent ARGS` with the environment that reproduces `settings`."""
-    return subprocess.run(
-        [sys.executable, "-m", "durable_agent", *args],
-        env={**os.environ, **settings_env(settings), **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def _one_error_line(result: subprocess.CompletedProcess[str]) -> str:

@@ -9,9 +9,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
+from inprocess import CrashAt, SimulatedCrash, run_cli
 
 from durable_agent import (
     approve,
@@ -29,12 +27,12 @@ from durable_agent import (
     resolve_uncertain,
 )
 from durable_agent.errors import InvalidArgument, TurnNotFound
-from durable_agent.faults import CrashPoint, Faults
+from durable_agent.faults import CrashPoint
 from durable_agent.journal import JournalStore
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
-from durable_agent.testing import ScriptedModelServer, SmtpInbox, email_policy
-from durable_agent.testing.harness import forget_queue, settings_env
+from durable_agent.testing import ScriptedModelServer, SmtpInbox
+from durable_agent.testing.harness import forget_queue
 from durable_agent.tools import ToolRegistry, load_tools
 from durable_agent.worker import TurnWorker
 
@@ -43,41 +41,6 @@ if TYPE_CHECKING:
 
 MESSAGE = "Please email the note launch to ada@example.com"
 REPLY = "Done: the note 'launch' was sent to ada@example.com."
-
-
-class SimulatedCrash(BaseException):
-    """Stands in for os._exit: nothing in the worker catches it."""
-
-
-class CrashAt(Faults):
-    def maybe_crash(self, step: int, point: CrashPoint, name: str = "") -> None:
-        if self.armed is not None and self.armed[1] == point and self.armed[0] in (step, name):
-            raise SimulatedCrash(f"{step}:{point}")
-
-
-def run_cli(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "durable_agent", *args],
-        env={**os.environ, **settings_env(settings), **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
-@pytest.fixture
-def inbox(monkeypatch: pytest.MonkeyPatch) -> Iterator[SmtpInbox]:
-    with SmtpInbox() as box:
-        monkeypatch.setenv("SMTP_URL", box.smtp_url)
-        monkeypatch.setenv("INBOX_URL", box.api_url)
-        yield box
-
-
-@pytest.fixture
-def model_server() -> Iterator[ScriptedModelServer]:
-    with ScriptedModelServer(email_policy) as server:
-        yield server
 
 
 @pytest.fixture

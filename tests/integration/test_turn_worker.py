@@ -12,8 +12,9 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from inprocess import CrashAt, SimulatedCrash
 
-from durable_agent.faults import CrashPoint, Faults
+from durable_agent.faults import CrashPoint
 from durable_agent.journal import Claim, JournalStore, Leases
 from durable_agent.journal.records import Step
 from durable_agent.runtime import Runtime
@@ -37,32 +38,6 @@ MESSAGE = "Please email the note launch to ada@example.com"
 REPLY = "Done: the note 'launch' was sent to ada@example.com."
 SUBJECT = "Note: launch"
 EMAIL_TURN = ["llm", "lookup_note", "llm", "send_email", "llm"]
-
-
-class SimulatedCrash(BaseException):
-    """Stands in for os._exit: nothing in the worker catches it, nothing is cleaned up."""
-
-
-class CrashAt(Faults):
-    """Faults that raise SimulatedCrash at the armed point instead of ending the process."""
-
-    def maybe_crash(self, step: int, point: CrashPoint, name: str = "") -> None:
-        if self.armed is not None and self.armed[1] == point and self.armed[0] in (step, name):
-            raise SimulatedCrash(f"{step}:{point}")
-
-
-@pytest.fixture
-def inbox(monkeypatch: pytest.MonkeyPatch) -> Iterator[SmtpInbox]:
-    with SmtpInbox() as box:
-        monkeypatch.setenv("SMTP_URL", box.smtp_url)
-        monkeypatch.setenv("INBOX_URL", box.api_url)
-        yield box
-
-
-@pytest.fixture
-def model_server() -> Iterator[ScriptedModelServer]:
-    with ScriptedModelServer(email_policy) as server:
-        yield server
 
 
 @pytest.fixture
