@@ -99,7 +99,7 @@ def cmd_uncertain(runtime: Runtime, args: argparse.Namespace) -> int:
     since = _since(args.since) if args.since is not None else None
     runtime.require_schema()
     effects = uncertain.list_uncertain(
-        runtime, since=since, include_resolved=args.all, turn_id=args.turn
+        runtime, since=since, include_resolved=args.all, turn_id=args.turn, agent=args.agent
     )
     if args.json:
         print(json.dumps([e.as_json() for e in effects], indent=2, ensure_ascii=False))
@@ -218,6 +218,7 @@ def register(add: Add) -> None:
     inbox = add("uncertain", cmd_uncertain, "never calls whose outcome is unknown")
     inbox.add_argument("--since", default=None, help="an age (2h, 7d) or an ISO time")
     inbox.add_argument("--turn", default=None, help="one turn only")
+    inbox.add_argument("--agent", default=None, help="the turns of one agent only")
     inbox.add_argument("--all", action="store_true", help="resolved ones too")
     inbox.add_argument("--json", action="store_true")
 

@@ -47,11 +47,17 @@ def list_uncertain(
     since: datetime | None = None,
     include_resolved: bool = False,
     turn_id: str | None = None,
+    agent: str | None = None,
     settings: Settings | None = None,
 ) -> list[UncertainEffect]:
-    """never calls whose outcome is unknown, oldest first (unresolved ones by default)."""
+    """never calls whose outcome is unknown, oldest first (unresolved ones by default), of
+    one turn or one agent's turns if asked."""
     return uncertain.list_uncertain(
-        runtime_for(settings), since=since, include_resolved=include_resolved, turn_id=turn_id
+        runtime_for(settings),
+        since=since,
+        include_resolved=include_resolved,
+        turn_id=turn_id,
+        agent=agent,
     )
 
 

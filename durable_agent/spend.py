@@ -37,8 +37,8 @@ from .errors import InvalidArgument
 if TYPE_CHECKING:
     from .journal import JournalStore
 
-GROUPINGS = ("turn", "day")
-"""What ``spend`` can group by (``agent`` joins once turns record their agent)."""
+GROUPINGS = ("turn", "agent", "day")
+"""What ``spend`` can group by."""
 
 _PRICE = re.compile(r"^\s*([^=\s]+)\s*=\s*([0-9.]+)\s*/\s*([0-9.]+)\s*$")
 

@@ -70,12 +70,14 @@ class UncertainEffect:
     retry: str | None = None  # "same key" or "new key"
     retry_step: int | None = None
     resolution: Resolution | None = None
+    agent: str = "default"
 
     def as_json(self) -> dict[str, Any]:
         r = self.resolution
         return {
             "turn_id": self.turn_id,
             "session_id": self.session_id,
+            "agent": self.agent,
             "step": self.step,
             "tool": self.tool,
             "arguments": self.arguments,
@@ -104,17 +106,21 @@ def list_uncertain(
     since: datetime | None = None,
     include_resolved: bool = False,
     turn_id: str | None = None,
+    agent: str | None = None,
     limit: int = 1000,
 ) -> list[UncertainEffect]:
-    """Uncertain effects, oldest first: unresolved ones (``include_resolved``: all)."""
+    """Uncertain effects, oldest first: unresolved ones (``include_resolved``: all), of one
+    turn or of one agent's turns if asked."""
     if turn_id is not None:
         check_id("turn_id", turn_id)
+    if agent is not None:
+        check_id("agent", agent)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
         raise InvalidArgument("limit must be a whole number from 1 to 10000")
     if since is not None and (not isinstance(since, datetime) or since.tzinfo is None):
         raise InvalidArgument("since must be a timezone-aware datetime")
     rows = ControlStore(runtime.database).uncertain_effects(
-        since=since, turn_id=turn_id, include_resolved=include_resolved, limit=limit
+        since=since, turn_id=turn_id, agent=agent, include_resolved=include_resolved, limit=limit
     )
     return _effects(runtime, rows)
 
@@ -210,6 +216,7 @@ def _effect(row: Row, journal: list[Step]) -> UncertainEffect:
         retry=retry,
         retry_step=retry_step,
         resolution=resolution,
+        agent=row.get("agent") or "default",
     )
 
 

@@ -130,6 +130,7 @@ class ControlStore:
         since: datetime | None = None,
         turn_id: str | None = None,
         step: int | None = None,
+        agent: str | None = None,
         include_resolved: bool = False,
         limit: int = 1000,
     ) -> list[Row]:
@@ -138,6 +139,7 @@ class ControlStore:
             since=since,
             turn_id=turn_id,
             step=step,
+            agent=agent,
             include_resolved=include_resolved,
             limit=limit,
         )

@@ -318,6 +318,9 @@ def test_approved_call_interrupted_before_it_ran_asks_again_for_the_retry(
     assert effect.next == (
         "checked with list_sent_emails (step 5), then retried with the same key (step 7)"
     )
+    assert effect.agent == "default" and effect.as_json()["agent"] == "default"
+    assert list_uncertain(agent="default", settings=op_settings) == [effect]
+    assert list_uncertain(agent="billing", settings=op_settings) == []  # another agent's only
 
 
 # -- the uncertain-effects inbox ---------------------------------------------------------------

@@ -40,9 +40,9 @@ def _model_step(
     store.record_outcome(turn_id, epoch, step, _output(*tokens), durable=False)
 
 
-def _clean_turn(store: JournalStore, leases: Leases, session: str) -> str:
+def _clean_turn(store: JournalStore, leases: Leases, session: str, agent: str = "default") -> str:
     """Two model calls and a tool call, one claim."""
-    turn_id = store.create_turn(session, "hi").turn_id
+    turn_id = store.create_turn(session, "hi", agent=agent).turn_id
     epoch = _claim(leases, turn_id)
     _model_step(store, turn_id, epoch, 0, (100, 10))
     store.insert_done(turn_id, epoch, 1, "tool", "lookup", {}, "safe", {"content": "x"})
@@ -113,20 +113,23 @@ def test_prices_give_costs_and_a_missing_price_gives_none(
         unpriced.close()
 
 
-def test_spend_by_turn_and_day(runtime: Runtime, store: JournalStore, leases: Leases) -> None:
-    first = _clean_turn(store, leases, "a")
+def test_spend_by_turn_agent_and_day(runtime: Runtime, store: JournalStore, leases: Leases) -> None:
+    first = _clean_turn(store, leases, "a", agent="billing")
     second = _crashed_turn(store, leases, "b")
     empty = store.create_turn("c", "no calls yet").turn_id
 
     by_turn = runtime.spend("turn")
+    by_agent = runtime.spend("agent")
     by_day = runtime.spend("day")
 
     assert [s.key for s in by_turn] == [second, first]  # newest first; no calls, no row
+    assert {s.key: s.billed.calls for s in by_agent} == {"default": 2, "billing": 2}
+    assert {s.key: s.crash_waste.calls for s in by_agent} == {"default": 2, "billing": 0}
     assert len(by_day) == 1 and by_day[0].billed.calls == 4
     assert by_day[0].crash_waste.calls == 2 and by_day[0].journal_saved.calls == 3
     assert runtime.get_turn(empty).spend is not None
-    with pytest.raises(InvalidArgument, match="turn, day"):
-        runtime.spend("agent")
+    with pytest.raises(InvalidArgument, match="turn, agent, day"):
+        runtime.spend("model")
     with pytest.raises(InvalidArgument):
         runtime.spend("turn", limit=0)
 
@@ -151,7 +154,8 @@ def test_cli_spend_and_turns_json(settings: Settings, store: JournalStore, lease
     by_day = _cli(settings, "spend", "--by", "day", "--json")
     table = _cli(settings, "spend", **prices)
     turns = _cli(settings, "turns", "--json")
-    bad = _cli(settings, "spend", "--by", "agent")
+    by_agent = _cli(settings, "spend", "--by", "agent", "--json")
+    bad = _cli(settings, "spend", "--by", "model")
     bad_price = _cli(settings, "spend", DURABLE_AGENT_PRICES="m-small=cheap")
 
     assert as_json.returncode == 0, as_json.stderr
@@ -160,6 +164,8 @@ def test_cli_spend_and_turns_json(settings: Settings, store: JournalStore, lease
     assert rows[0]["crash_waste"]["calls"] == 2
     assert rows[0]["cost_usd"] == pytest.approx(0.0006)
     assert json.loads(by_day.stdout)[0]["calls"] == 2
+    assert by_agent.returncode == 0, by_agent.stderr
+    assert [(r["agent"], r["calls"]) for r in json.loads(by_agent.stdout)] == [("default", 2)]
     assert table.returncode == 0 and crashed in table.stdout and "~680" in table.stdout
     listed = json.loads(turns.stdout)
     assert listed[0]["spend"]["journal_saved"]["calls"] == 3

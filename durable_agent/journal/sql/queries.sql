@@ -539,7 +539,7 @@ RETURNING sha256;
 -- never calls whose outcome is unknown: interrupted or raised (recorded "uncertain"), or an
 -- intent left in a turn that ended; with the latest resolution, if any.
 SELECT j.turn_id, j.step, j.name AS tool, j.input, j.status, j.output, j.created_at,
-       t.session_id, t.status AS turn_status,
+       t.session_id, t.status AS turn_status, t.agent,
        r.verdict, r.note, r.resolved_by, r.resolved_at
 FROM journal AS j
 JOIN turns AS t ON t.turn_id = j.turn_id
@@ -554,6 +554,7 @@ WHERE j.replay = 'never'
   AND j.created_at >= coalesce(CAST(:since AS timestamptz), '-infinity')
   AND (CAST(:turn_id AS text) IS NULL OR j.turn_id = :turn_id)
   AND (CAST(:step AS integer) IS NULL OR j.step = :step)
+  AND (CAST(:agent AS text) IS NULL OR t.agent = :agent)
   AND (:include_resolved OR r.verdict IS NULL)
 ORDER BY j.created_at, j.turn_id, j.step
 LIMIT :limit;
@@ -645,12 +646,12 @@ RETURNING t.session_id, t.turn_id, t.queue;
 -- it, less the runs that failed at the API); how many later claims read it back instead of
 -- calling the model (the turn's last epoch less the one that finished it).
 WITH picked AS (
-    SELECT turn_id, lease_epoch, created_at FROM turns
+    SELECT turn_id, agent, lease_epoch, created_at FROM turns
     WHERE (CAST(:turn_ids AS text[]) IS NULL OR turn_id = ANY(CAST(:turn_ids AS text[])))
       AND (CAST(:since AS timestamptz) IS NULL OR created_at >= CAST(:since AS timestamptz))
 ),
 calls AS (
-    SELECT p.turn_id, p.created_at AS turn_created_at, j.created_at,
+    SELECT p.turn_id, p.agent, p.created_at AS turn_created_at, j.created_at,
            coalesce(j.input ->> 'model', '') AS model,
            u.usage IS NOT NULL AND jsonb_typeof(u.usage) = 'object' AS has_usage,
            CASE WHEN jsonb_typeof(u.usage -> 'prompt_tokens') = 'number'
@@ -667,6 +668,7 @@ calls AS (
     CROSS JOIN LATERAL (SELECT coalesce(j.output, b.data) -> 'usage' AS usage) AS u
 )
 SELECT CASE :by WHEN 'turn' THEN turn_id
+                WHEN 'agent' THEN agent
                 WHEN 'day' THEN to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD') END AS key,
        model,
        count(*) AS calls,
