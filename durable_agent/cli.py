@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .cli_types import whole_number
+from .cli_types import since_time, whole_number
 from .errors import (
     ConfigurationError,
     DurableAgentError,
@@ -219,8 +219,9 @@ def cmd_turns(runtime: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_spend(runtime: Runtime, args: argparse.Namespace) -> int:
+    since = since_time(args.since) if args.since is not None else None
     runtime.require_schema()
-    spends = runtime.spend(args.by, limit=args.limit)
+    spends = runtime.spend(args.by, limit=args.limit, since=since)
     if args.json:
         key = "turn_id" if args.by == "turn" else args.by
         rows = [{key: s.key, **s.as_json()} for s in spends]
@@ -356,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     spend.add_argument("--by", choices=GROUPINGS, default="turn", help="group per (default turn)")
     spend.add_argument("--limit", type=_count, default=50, help="at most this many rows")
+    spend.add_argument("--since", default=None, help="turns created since an age (7d) or time")
     spend.add_argument("--json", action="store_true")
 
     replay = add("replay", cmd_replay, "replay a done turn with the model switched off")

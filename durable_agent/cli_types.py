@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from .errors import InvalidArgument
 
 
 def whole_number(low: int, high: int, what: str = "a whole number") -> Callable[[str], int]:
@@ -19,3 +22,20 @@ def whole_number(low: int, high: int, what: str = "a whole number") -> Callable[
         return value
 
     return parse
+
+
+def since_time(text: str) -> datetime:
+    """``--since``: an age (``2h``: since two hours ago) or an ISO time."""
+    from .retention import parse_age
+
+    try:
+        return datetime.now(UTC) - timedelta(seconds=parse_age(text))
+    except InvalidArgument:
+        pass
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArgument(
+            f"--since takes an age (30m, 2h, 7d) or an ISO time, got {text!r}"
+        ) from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)

@@ -11,13 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import approvals, control, retention, uncertain
-from .cli_types import whole_number
+from .cli_types import since_time, whole_number
 from .control import check_by, check_note
-from .errors import InvalidArgument
 from .inputs import check_id
 from .redact import printable
 
@@ -79,24 +77,9 @@ def _prune_json(count: Any, dry_run: bool) -> dict[str, Any]:
     }
 
 
-def _since(text: str) -> datetime:
-    """An age (``2h``: since two hours ago) or an ISO time."""
-    try:
-        return datetime.now(UTC) - timedelta(seconds=retention.parse_age(text))
-    except InvalidArgument:
-        pass
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        raise InvalidArgument(
-            f"--since takes an age (30m, 2h, 7d) or an ISO time, got {text!r}"
-        ) from None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
-
-
 def cmd_uncertain(runtime: Runtime, args: argparse.Namespace) -> int:
     _check_inputs(args)
-    since = _since(args.since) if args.since is not None else None
+    since = since_time(args.since) if args.since is not None else None
     runtime.require_schema()
     effects = uncertain.list_uncertain(
         runtime, since=since, include_resolved=args.all, turn_id=args.turn, agent=args.agent

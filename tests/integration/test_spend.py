@@ -155,6 +155,9 @@ def test_cli_spend_and_turns_json(settings: Settings, store: JournalStore, lease
     table = _cli(settings, "spend", **prices)
     turns = _cli(settings, "turns", "--json")
     by_agent = _cli(settings, "spend", "--by", "agent", "--json")
+    recent = _cli(settings, "spend", "--since", "1h", "--json")
+    future = _cli(settings, "spend", "--since", "2999-01-01T00:00:00+00:00", "--json")
+    bad_since = _cli(settings, "spend", "--since", "lately")
     bad = _cli(settings, "spend", "--by", "model")
     bad_price = _cli(settings, "spend", DURABLE_AGENT_PRICES="m-small=cheap")
 
@@ -169,6 +172,9 @@ def test_cli_spend_and_turns_json(settings: Settings, store: JournalStore, lease
     assert table.returncode == 0 and crashed in table.stdout and "~680" in table.stdout
     listed = json.loads(turns.stdout)
     assert listed[0]["spend"]["journal_saved"]["calls"] == 3
+    assert [r["turn_id"] for r in json.loads(recent.stdout)] == [crashed]
+    assert json.loads(future.stdout) == []
+    assert bad_since.returncode == 2 and bad_since.stderr.startswith("error: --since takes")
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
     assert bad_price.returncode == 2
     assert bad_price.stderr.startswith("error:") and "PRICES" in bad_price.stderr.upper()
