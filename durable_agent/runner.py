@@ -25,7 +25,7 @@ import pydantic
 from .context import CallContext, bind_call
 from .errors import ReplayDiverged, StepLimitReached
 from .faults import Faults
-from .journal.codec import ListDigest, digest, dumps, storable
+from .journal.codec import ListDigest, digest, dumps, jsonb_order, storable
 from .journal.protocol import TurnJournal
 from .journal.records import Replay, Step
 from .redact import redact
@@ -113,7 +113,8 @@ class StepRunner:
                     "did the system prompt or an earlier turn change?)",
                 )
             self.read_back.append(step)
-            return _sorted(row.output)
+            recorded: dict[str, Any] = row.output  # in jsonb's key order, as recorded
+            return recorded
         if row is None:
             self.guard.check()
             self.journal.insert_intent(step, "model", MODEL_STEP_NAME, intent, "safe")
@@ -319,22 +320,17 @@ def _uncertain_result(name: str, intent: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _sorted(recorded: dict[str, Any]) -> dict[str, Any]:
-    """A recorded value as the run that recorded it went on with it: keys sorted (Postgres
-    returns jsonb in an order of its own). It was made storable before it was recorded."""
-    result: dict[str, Any] = json.loads(dumps(recorded))
-    return result
-
-
 def _canonical(value: dict[str, Any]) -> dict[str, Any]:
-    """What is recorded, and what this run goes on with, as a replay will see it: sorted
-    keys, and storable whatever came in (what had to change is listed in "sanitized")."""
+    """What is recorded, and what this run goes on with, exactly as a replay will read it
+    back: plain JSON values, storable whatever came in (what had to change is listed in
+    "sanitized"), keys in jsonb's order (a read-back step is returned as Postgres gives it)."""
     clean, problems = storable(value)
     result: dict[str, Any] = json.loads(dumps(clean))
     if problems:
         log.warning("recording a value that had to be changed: %s", "; ".join(problems))
         result["sanitized"] = sorted(set(result.get("sanitized", [])) | set(problems))
-    return result
+    ordered: dict[str, Any] = jsonb_order(result)
+    return ordered
 
 
 def _as_text(value: Any) -> tuple[str, list[str]]:

@@ -27,6 +27,22 @@ def digest(value: Any) -> str:
     return hashlib.sha256(dumps(value).encode()).hexdigest()
 
 
+def jsonb_order(value: Any) -> Any:
+    """``value`` with every object's keys in the order Postgres' jsonb keeps them (shorter
+    keys first, then by their UTF-8 bytes), so that a value and the same value read back
+    from the journal are equal down to the order of their keys."""
+    if isinstance(value, dict):
+        return {k: jsonb_order(value[k]) for k in sorted(value, key=_jsonb_key)}
+    if isinstance(value, list):
+        return [jsonb_order(item) for item in value]
+    return value
+
+
+def _jsonb_key(key: str) -> tuple[int, bytes]:
+    encoded = key.encode()
+    return len(encoded), encoded
+
+
 class ListDigest:
     """``digest(items)`` of a list that grows at its end, in time proportional to what was added.
 

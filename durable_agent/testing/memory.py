@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from ..errors import LeaseLost
-from ..journal.codec import dumps
+from ..journal.codec import dumps, jsonb_order
 from ..journal.records import Kind, Replay, Step, StepStatus
 
 
@@ -55,10 +55,10 @@ def make_step(
         step=step,
         kind=kind,
         name=name,
-        input=json.loads(dumps(input)),
+        input=jsonb_order(json.loads(dumps(input))),
         replay=replay,
         status=status,
-        output=None if output is None else json.loads(dumps(output)),
+        output=None if output is None else jsonb_order(json.loads(dumps(output))),
         epoch=epoch,
         created_at=now,
         finished_at=now if status == "done" else None,

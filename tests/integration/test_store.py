@@ -319,3 +319,47 @@ def test_the_turn_ends_only_with_its_held_last_step(
             assert ended is not None and after.status == "done"
             [step] = store.load_journal(turn.turn_id)
             assert (step.status, step.output) == ("done", {"message": {"content": "the reply"}})
+
+
+def test_a_read_back_model_step_equals_the_live_one_down_to_the_order_of_its_keys(
+    store: JournalStore, leases: Leases
+) -> None:
+    """A loop gets from ctx.model() the same object live and on replay, key order included
+    (a loop that serialises it without sorting sends the same text either way): live
+    values are put in jsonb's key order, and a read-back one is returned as Postgres gives it."""
+    from durable_agent.runner import StepRunner
+    from durable_agent.testing import ClaimHeld
+    from durable_agent.tools import ToolRegistry
+
+    def keys(value: Any) -> Any:
+        if isinstance(value, dict):
+            return [(k, keys(v)) for k, v in value.items()]
+        if isinstance(value, list):
+            return [keys(v) for v in value]
+        return value
+
+    answer = {
+        "usage": {"total_tokens": 3, "prompt_tokens": 1},
+        "message": {"role": "assistant", "content": "hi", "tool_calls": [{"zeta": 1, "a": 2}]},
+        "model": "m",
+        "finish_reason": "stop",
+        "é": "not ascii",
+        "bb": "same length as é in UTF-8",
+    }
+    request = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+    turn = store.create_turn("s-order", "hello")
+    epoch = _claim(leases, turn.turn_id)
+    live_runner = StepRunner(
+        store.for_claim(turn.turn_id, epoch, empty=True), tools=ToolRegistry(), guard=ClaimHeld()
+    )
+    live = live_runner.model_step(request, lambda _: dict(answer))
+    live_runner.journal.flush()
+
+    replay = StepRunner(
+        store.for_claim(turn.turn_id, epoch), tools=ToolRegistry(), guard=ClaimHeld()
+    )
+    read_back = replay.model_step(request, lambda _: pytest.fail("read back, not called"))
+
+    assert read_back == live == answer
+    assert keys(read_back) == keys(live)
+    assert list(live) == ["bb", "é", "model", "usage", "message", "finish_reason"]
