@@ -282,13 +282,10 @@ class JournalStore:
             ) from error
         if row is None:
             raise self.lost(turn_id, epoch, what)
-        # the trigger announces steps done by commits that do not wait for the flush; a
-        # flushed one (a never tool's intent carrying the step before it) is announced here
-        if durable:
-            done = [before.step] if before is not None else []
-            done += [step] if status == "done" else []
-            if done:
-                announce(self.db, *(f"step {n} {turn_id}" for n in done))
+        # the trigger announces steps done by commits that do not wait for the flush; the
+        # step a flushed one carries (a never tool's intent after a model step) is told here
+        if durable and before is not None:
+            announce(self.db, f"step {before.step} {turn_id}")
 
     def _store_payload(self, output: Any) -> tuple[str | None, str | None]:
         """JSON for the row, or (None, sha256) after moving a large payload into blobs."""
@@ -425,5 +422,4 @@ class ClaimedJournal:
         """The held-back outcome, to go with the write of ``step`` when it is the step before."""
         if self._held is not None and self._held.step != step - 1:
             self._write_held()
-        held, self._held = self._held, None
-        return held
+        return self.take_held()
