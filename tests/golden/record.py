@@ -90,6 +90,9 @@ def _dump(runtime: Runtime, session_id: str, settings: Settings, name: str, abou
                 "message": t.message,
                 "reply": t.reply,
                 "lease_epoch": t.lease_epoch,
+                "agent": t.agent,
+                "agent_digest": t.agent_digest,
+                "agent_spec": t.agent_spec,
             }
             for t in turns
         ],

@@ -93,3 +93,21 @@ def test_a_changed_system_prompt_diverges_at_the_first_model_step(
         runtime.close()
     assert not report.ok
     assert report.diverged_at == 0
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=lambda p: p.stem)
+def test_a_recorded_turn_resumes_under_the_same_agent(path: Path, settings: Settings) -> None:
+    """The agent a turn recorded when it first ran (its digest: model, instructions, loop,
+    tools) is the agent this code builds from the same settings, so a turn in flight across
+    an upgrade is not reported as "resumed under a changed agent"."""
+    from durable_agent.agents import changes
+
+    recording = json.loads(path.read_text())
+    runtime = Runtime(settings.model_copy(update=recording["settings"]))
+    try:
+        for turn in recording["turns"]:
+            agent = runtime.agents[turn["agent"]]
+            assert changes(turn["agent_spec"], agent.spec()) == [], path.name
+            assert agent.digest == turn["agent_digest"], path.name
+    finally:
+        runtime.close()
