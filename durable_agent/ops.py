@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from .journal.operator_store import Approval, PruneCount
+from .journal import Approval, PruneCount
 from .operate import approvals, retention, uncertain
 from .operate import cancel as control
 from .operate.cancel import CancelResult
@@ -27,7 +27,10 @@ def cancel_turn(
 ) -> CancelResult:
     """Stop the turn at its next step boundary (at once when no worker holds it); it ends
     ``cancelled`` with who and why, and its session goes on. Never cuts a call in half."""
-    return control.cancel(runtime_for(settings), turn_id, reason, by=by)
+    runtime = runtime_for(settings)
+    return control.cancel(
+        runtime.operator_store, runtime.get_turn, runtime.enqueue, turn_id, reason, by=by
+    )
 
 
 def prune(
@@ -40,7 +43,8 @@ def prune(
     """Delete finished turns that ended longer ago than ``older_than`` (seconds, or an age
     such as ``"30d"``), with their journal and the blobs nothing refers to any more; keeps
     turns with unresolved uncertain effects and sessions that still have an open turn."""
-    return retention.prune(runtime_for(settings), older_than, dry_run=dry_run, batch=batch)
+    store = runtime_for(settings).operator_store
+    return retention.prune(store, older_than, dry_run=dry_run, batch=batch)
 
 
 def list_uncertain(
@@ -53,8 +57,10 @@ def list_uncertain(
 ) -> list[UncertainEffect]:
     """never calls whose outcome is unknown, oldest first (unresolved ones by default), of
     one turn or one agent's turns if asked."""
+    runtime = runtime_for(settings)
     return uncertain.list_uncertain(
-        runtime_for(settings),
+        runtime.operator_store,
+        runtime.journal,
         since=since,
         include_resolved=include_resolved,
         turn_id=turn_id,
@@ -72,7 +78,10 @@ def resolve_uncertain(
     settings: Settings | None = None,
 ) -> UncertainEffect:
     """Record whether the effect happened (``happened``, ``not_happened``, ``ignored``)."""
-    return uncertain.resolve(runtime_for(settings), turn_id, step, verdict, note=note, by=by)
+    runtime = runtime_for(settings)
+    return uncertain.resolve(
+        runtime.operator_store, runtime.journal, turn_id, step, verdict, note=note, by=by
+    )
 
 
 def list_approvals(
@@ -83,7 +92,7 @@ def list_approvals(
 ) -> list[Approval]:
     """Tool calls waiting for a decision, oldest first."""
     return approvals.list_approvals(
-        runtime_for(settings), turn_id=turn_id, include_decided=include_decided
+        runtime_for(settings).operator_store, turn_id=turn_id, include_decided=include_decided
     )
 
 
@@ -96,7 +105,10 @@ def approve(
     settings: Settings | None = None,
 ) -> Approval:
     """Let the waiting call at (turn, step) run; any worker resumes the turn."""
-    return approvals.approve(runtime_for(settings), turn_id, step, note=note, by=by)
+    runtime = runtime_for(settings)
+    return approvals.approve(
+        runtime.operator_store, runtime.get_turn, runtime.enqueue, turn_id, step, note=note, by=by
+    )
 
 
 def deny(
@@ -108,4 +120,7 @@ def deny(
     settings: Settings | None = None,
 ) -> Approval:
     """Refuse the waiting call: it never runs; the model reads the reason as its result."""
-    return approvals.deny(runtime_for(settings), turn_id, step, reason, by=by)
+    runtime = runtime_for(settings)
+    return approvals.deny(
+        runtime.operator_store, runtime.get_turn, runtime.enqueue, turn_id, step, reason, by=by
+    )

@@ -1,10 +1,12 @@
 """The runtime: one deployment's wiring, built once from :class:`Settings`.
 
-A :class:`Runtime` holds the database, the journal, the claims, the Celery app, the tools and
-the model client, built on first use. Every entry point takes one: the client functions, the
-Celery tasks, the sweeper, the command line and the evals. The Celery tasks are registered
-on the runtime's own app, so ``run_turn.delay()`` and ``start_turn()`` of one runtime always
-reach the same broker and queue.
+A :class:`Runtime` is the composition root: it holds the database, the journal, the claims,
+the operators' store, the Celery app, the tools, the agents and the model client, built on
+first use, and hands each lower module the parts it uses (a store, an ``enqueue``, a
+publish function), never itself. The entry points above it (the client functions, the
+operator's API, ``durable_agent.tasks``, the command line and the evals) start from one.
+The Celery tasks are registered on the runtime's own app, so ``run_turn.delay()`` and
+``start_turn()`` of one runtime always reach the same broker and queue.
 
 Nothing that holds a connection, a lock or a thread crosses a fork: in a child process (a
 prefork pool's worker) the runtime starts again with no connection, no model client and
@@ -24,7 +26,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ConfigurationError, InvalidArgument, ServiceUnavailable
 from .inputs import check_id, check_message
-from .journal import Database, JournalStore, Leases, Turn, TurnStatus, require_current
+from .journal import (
+    Database,
+    JournalStore,
+    Leases,
+    OperatorStore,
+    Spend,
+    Turn,
+    TurnStatus,
+    require_current,
+)
 from .operate.live import (
     DEFAULT_POLL_SECONDS,
     Announcements,
@@ -32,7 +43,7 @@ from .operate.live import (
     stream_turn,
     wait_until_finished,
 )
-from .operate.spend import Spend, check_grouping, spend_of_turns, spend_report
+from .operate.spend import check_grouping, spend_of_turns, spend_report
 from .settings import Settings, load_settings
 from .step.tools import ToolRegistry, import_module, load_tools
 
@@ -42,7 +53,9 @@ if TYPE_CHECKING:
     from .delivery.outage import Outage
     from .delivery.sweeper import Sweeper
     from .delivery.turn_worker import TurnWorker
+    from .operate.uncertain import Hook
     from .step.agents import AgentBook
+    from .step.faults import Faults
     from .step.model import ModelClient
 
 log = logging.getLogger(__name__)
@@ -102,6 +115,11 @@ class Runtime:
                 self.database, end_dead_local_claims=self.settings.end_dead_local_claims
             ),
         )
+
+    @property
+    def operator_store(self) -> OperatorStore:
+        """The operators' records: cancellations, approvals, resolutions, pruning."""
+        return self._part("operator_store", lambda: OperatorStore(self.database))
 
     @property
     def announcements(self) -> Announcements:
@@ -172,14 +190,52 @@ class Runtime:
 
     def turn_worker(self) -> TurnWorker:
         """What runs deliveries in this process (tools imported, model client built)."""
+        return self._part("turn_worker", self.build_turn_worker)
+
+    def build_turn_worker(self, *, faults: Faults | None = None) -> TurnWorker:
+        """A new turn worker on this runtime's parts (``faults``: armed crash points, for
+        tests; by default those of ``DURABLE_AGENT_CRASH_AT``)."""
         from .delivery.turn_worker import TurnWorker
 
-        return self._part("turn_worker", lambda: TurnWorker(self))
+        return TurnWorker(
+            self.settings,
+            store=self.journal,
+            leases=self.leases,
+            operator_store=self.operator_store,
+            agents=self.agents,
+            model=self.model,
+            faults=faults,
+        )
 
     def sweeper(self) -> Sweeper:
         from .delivery.sweeper import Sweeper
 
-        return self._part("sweeper", lambda: Sweeper(self))
+        return self._part(
+            "sweeper",
+            lambda: Sweeper(
+                self.settings, self.leases, self.outage, self.publish, self.notify_uncertain
+            ),
+        )
+
+    # -- wiring for the lower modules ---------------------------------------------------
+
+    def publish(self, session_id: str, turn_id: str, *, queue: str = "", message_id: str) -> None:
+        """Put ``run_turn(session_id, turn_id)`` on the broker with this runtime's app."""
+        from .delivery.doorbell import send
+
+        send(self.celery, session_id, turn_id, queue=queue, message_id=message_id)
+
+    def uncertain_hooks(self) -> list[Hook]:
+        """The hooks told of new uncertain effects (``DURABLE_AGENT_UNCERTAIN_*``)."""
+        from .operate.uncertain import hooks
+
+        return hooks(self.settings, lambda *args, **kwargs: self.celery.send_task(*args, **kwargs))
+
+    def notify_uncertain(self) -> int:
+        """Tell the hooks of new uncertain effects, once each (a sweeper pass calls this)."""
+        from .operate.uncertain import notify_new
+
+        return notify_new(self.operator_store, self.journal, self.uncertain_hooks)
 
     # -- checks ---------------------------------------------------------------------------
 
@@ -194,9 +250,8 @@ class Runtime:
         the model endpoint configured.
         """
         self.require_schema()
-        from .operate.uncertain import hooks
-
-        hooks(self)  # a DURABLE_AGENT_UNCERTAIN_CALLBACK that cannot be imported stops here
+        # a DURABLE_AGENT_UNCERTAIN_CALLBACK that cannot be imported stops here
+        self.uncertain_hooks()
         self.turn_worker()
         self.agents  # noqa: B018 (a bad agent definition fails the start)
         if not len(self.tools):
@@ -217,12 +272,12 @@ class Runtime:
     def enqueue(self, session_id: str, turn_id: str, queue: str = "") -> None:
         """Send ``run_turn(session_id, turn_id)`` to the turn's queue (``""``: this
         runtime's), having noted first which message is the turn's latest."""
-        from .delivery.doorbell import new_message_id, send
+        from .delivery.doorbell import new_message_id
 
         message_id = new_message_id()
         self.journal.mark_sent([turn_id], [message_id])
         try:
-            send(self, session_id, turn_id, queue=queue, message_id=message_id)
+            self.publish(session_id, turn_id, queue=queue, message_id=message_id)
         except ServiceUnavailable:
             self.journal.unmark_sent(turn_id, message_id)
             raise
@@ -311,7 +366,7 @@ class Runtime:
 
         Woken by Postgres' announcement of the turn's end; ``poll_seconds`` is only how often
         it reads anyway, in case an announcement is lost."""
-        return wait_until_finished(self, turn_id, timeout, poll_seconds)
+        return wait_until_finished(self.journal, self.announcements, turn_id, timeout, poll_seconds)
 
     def stream_turn(
         self,
@@ -324,7 +379,13 @@ class Runtime:
         """Each finished step after ``after_step`` as it is recorded, then the end (see
         :func:`durable_agent.operate.live.stream_turn`)."""
         return stream_turn(
-            self, turn_id, after_step=after_step, timeout=timeout, poll_seconds=poll_seconds
+            self.journal,
+            self.announcements,
+            self.with_spend,
+            turn_id,
+            after_step=after_step,
+            timeout=timeout,
+            poll_seconds=poll_seconds,
         )
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import ConfigurationError
-from .operate.spend import Price, parse_prices
+from .journal import Price, parse_prices
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful assistant that uses tools to act for the user. "
@@ -101,7 +101,7 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _database_url_is_postgres(cls, url: str) -> str:
-        from .journal.db import conninfo_for
+        from .journal import conninfo_for
 
         try:
             conninfo_for(url)

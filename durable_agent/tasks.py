@@ -13,7 +13,7 @@ from pathlib import Path
 
 from celery import Celery, Task
 
-from .delivery.celery_tasks import AGENT_TURN, RUN_TURN, SWEEP
+from .delivery.task_names import AGENT_TURN, RUN_TURN, SWEEP
 from .errors import ConfigurationError
 from .runtime import Runtime, runtime_for
 

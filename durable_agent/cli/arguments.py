@@ -39,3 +39,26 @@ def since_time(text: str) -> datetime:
             f"--since takes an age (30m, 2h, 7d) or an ISO time, got {text!r}"
         ) from None
     return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def seconds(text: str) -> float:
+    """A number of seconds, 0 to a day."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value <= 86_400:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be 0 to 86400 seconds, got {text!r}")
+    return value
+
+
+count = whole_number(1, 10_000)
+"""``--limit``: how many rows, 1 to 10,000."""
+
+
+def agent_names(text: str) -> list[str]:
+    """``--agent a,b``: one or more agent names."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"wants agent names, got {text!r}")
+    return names

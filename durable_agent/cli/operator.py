@@ -1,5 +1,5 @@
 """The operator's commands: ``cancel``, ``prune``, ``uncertain``, ``resolve``, ``approvals``,
-``approve`` and ``deny`` (registered on the ``durable-agent`` parser by ``cli.py``).
+``approve`` and ``deny`` (registered on the ``durable-agent`` parser by ``cli/__init__.py``).
 
 Each prints a line (or a table, or ``--json``) and exits 0 when it did what was asked; 1
 when the state says no (a turn already finished, nothing to cancel); 2 for bad input; 4
@@ -42,7 +42,14 @@ def _check_inputs(args: argparse.Namespace, *notes: str) -> None:
 def cmd_cancel(runtime: Runtime, args: argparse.Namespace) -> int:
     _check_inputs(args, "reason")
     runtime.require_schema()
-    result = control.cancel(runtime, args.turn_id, args.reason, by=args.by)
+    result = control.cancel(
+        runtime.operator_store,
+        runtime.get_turn,
+        runtime.enqueue,
+        args.turn_id,
+        args.reason,
+        by=args.by,
+    )
     if args.json:
         print(json.dumps(result.as_json(), indent=2, ensure_ascii=False))
     else:
@@ -54,7 +61,7 @@ def cmd_cancel(runtime: Runtime, args: argparse.Namespace) -> int:
 def cmd_prune(runtime: Runtime, args: argparse.Namespace) -> int:
     seconds = retention.parse_age(args.older_than)
     runtime.require_schema()
-    count = retention.prune(runtime, seconds, dry_run=args.dry_run, batch=args.batch)
+    count = retention.prune(runtime.operator_store, seconds, dry_run=args.dry_run, batch=args.batch)
     if args.json:
         print(json.dumps(_prune_json(count, args.dry_run)))
         return 0
@@ -83,7 +90,12 @@ def cmd_uncertain(runtime: Runtime, args: argparse.Namespace) -> int:
     since = since_time(args.since) if args.since is not None else None
     runtime.require_schema()
     effects = uncertain.list_uncertain(
-        runtime, since=since, include_resolved=args.all, turn_id=args.turn, agent=args.agent
+        runtime.operator_store,
+        runtime.journal,
+        since=since,
+        include_resolved=args.all,
+        turn_id=args.turn,
+        agent=args.agent,
     )
     if args.json:
         print(json.dumps([e.as_json() for e in effects], indent=2, ensure_ascii=False))
@@ -118,7 +130,13 @@ def cmd_resolve(runtime: Runtime, args: argparse.Namespace) -> int:
     _check_inputs(args, "note")
     runtime.require_schema()
     effect = uncertain.resolve(
-        runtime, args.turn_id, args.step, args.verdict, note=args.note, by=args.by
+        runtime.operator_store,
+        runtime.journal,
+        args.turn_id,
+        args.step,
+        args.verdict,
+        note=args.note,
+        by=args.by,
     )
     r = effect.resolution
     assert r is not None
@@ -134,7 +152,9 @@ def cmd_resolve(runtime: Runtime, args: argparse.Namespace) -> int:
 def cmd_approvals(runtime: Runtime, args: argparse.Namespace) -> int:
     _check_inputs(args)
     runtime.require_schema()
-    found = approvals.list_approvals(runtime, turn_id=args.turn, include_decided=args.all)
+    found = approvals.list_approvals(
+        runtime.operator_store, turn_id=args.turn, include_decided=args.all
+    )
     if args.json:
         print(json.dumps([a.as_json() for a in found], indent=2, ensure_ascii=False))
         return 0
@@ -168,10 +188,11 @@ def cmd_approvals(runtime: Runtime, args: argparse.Namespace) -> int:
 def cmd_decide(runtime: Runtime, args: argparse.Namespace) -> int:
     _check_inputs(args, "note", "reason")
     runtime.require_schema()
+    parts = (runtime.operator_store, runtime.get_turn, runtime.enqueue)
     if args.decision == "approved":
-        found = approvals.approve(runtime, args.turn_id, args.step, note=args.note, by=args.by)
+        found = approvals.approve(*parts, args.turn_id, args.step, note=args.note, by=args.by)
     else:
-        found = approvals.deny(runtime, args.turn_id, args.step, args.reason, by=args.by)
+        found = approvals.deny(*parts, args.turn_id, args.step, args.reason, by=args.by)
     print(
         printable(
             f"turn {found.turn_id} step {found.step} ({found.tool}) {args.decision}; "

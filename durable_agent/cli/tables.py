@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from rich.table import Table
 from rich.text import Text
 
-from ..journal import Step, Turn
-from ..operate.spend import Spend, Tokens, total
+from ..journal import Spend, Step, Tokens, Turn
+from ..operate.spend import total
 from ..redact import printable
 
 

@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from celery import Celery, signals
 
 from ..errors import ConfigurationError, DurableAgentError
 from ..settings import Settings
 from .broker import transport_for
-from .celery_tasks import SWEEP
+from .celery_tasks import TaskParts, register_tasks
+from .task_names import SWEEP
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
     from .sweeper import SweeperThread
 
 log = logging.getLogger("durable_agent.tasks")
@@ -65,10 +65,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
-def create_app(runtime: Runtime) -> Celery:
-    """A Celery app for this runtime's broker and queue, with the tasks registered."""
-    from .celery_tasks import register_tasks
+class AppParts(TaskParts, Protocol):
+    """What the app and its worker hooks use of their runtime: the tasks' parts, and the
+    checks a worker passes before it consumes."""
 
+    def check_worker_start(self) -> None: ...
+
+
+def create_app(runtime: AppParts) -> Celery:
+    """A Celery app for this runtime's broker and queue, with the tasks registered."""
     app = Celery("durable_agent", set_as_current=False)
     app.conf.update(celery_config(runtime.settings))
     app.durable_agent_runtime = runtime
@@ -79,7 +84,7 @@ def create_app(runtime: Runtime) -> Celery:
 # -- worker hooks: module-level, so they stay connected; each finds its runtime -----------
 
 
-def _runtime_of(sender: Any) -> Runtime | None:
+def _runtime_of(sender: Any) -> AppParts | None:
     app = getattr(sender, "app", None)
     return getattr(app, "durable_agent_runtime", None)
 

@@ -17,7 +17,7 @@ turn failed.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from celery import Celery, Task
 from celery.result import AsyncResult
@@ -30,17 +30,44 @@ from ..errors import (
     TurnNotFound,
 )
 from ..inputs import check_id, check_message
-from ..journal.holders import worker_identity
+from ..journal import JournalStore, worker_identity
+from ..settings import Settings
 from ..step.agents import check_agent_name
+from .doorbell import new_message_id
+from .outage import Outage
+from .task_names import AGENT_TURN, RUN_TURN, SWEEP
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
+    from .sweeper import Sweeper
+    from .turn_worker import TurnWorker
+
+__all__ = ["AGENT_TURN", "RUN_TURN", "SWEEP", "TaskParts", "handle_delivery", "register_tasks"]
 
 log = logging.getLogger("durable_agent.tasks")
 
-RUN_TURN = "durable_agent.run_turn"
-AGENT_TURN = "durable_agent.agent_turn"
-SWEEP = "durable_agent.sweep"
+
+class TaskParts(Protocol):
+    """What the tasks use of the runtime that registered them: its parts are built on
+    first use, in the process that runs the task (a prefork child builds its own)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def journal(self) -> JournalStore: ...
+
+    @property
+    def outage(self) -> Outage: ...
+
+    def agent_queue(self, agent: str | None) -> tuple[str, str]: ...
+
+    def turn_worker(self) -> TurnWorker: ...
+
+    def sweeper(self) -> Sweeper: ...
+
+    def enqueue(self, session_id: str, turn_id: str, queue: str = "") -> None: ...
+
+
 _GUARD = "durable_agent.delivery.poison:guarded_strategy"
 
 
@@ -50,7 +77,7 @@ class TurnTask(Task):  # type: ignore[misc]
 
     abstract = True
     throws = (TurnFailed, TurnNotFound, InvalidArgument)
-    runtime: Runtime
+    runtime: TaskParts
 
 
 class RunTurnTask(TurnTask):
@@ -68,8 +95,6 @@ class RunTurnTask(TurnTask):
             return super().apply_async((session_id, turn_id), None, **options)
         if turn is None:
             raise TurnNotFound(turn_id, hint=AGENT_TURN_HINT)
-        from .doorbell import new_message_id
-
         message_id = options.pop("task_id", None) or new_message_id()
         runtime.journal.mark_sent([turn_id], [message_id])
         options.setdefault("queue", turn.queue or runtime.settings.queue)
@@ -98,7 +123,7 @@ AGENT_TURN_HINT = (
 )
 
 
-def register_tasks(app: Celery, runtime: Runtime) -> None:
+def register_tasks(app: Celery, runtime: TaskParts) -> None:
     """Register the tasks on the runtime's app (``shared=False``: Celery would otherwise add
     these closures, bound to this runtime, to every app made later in the process)."""
 
@@ -163,7 +188,7 @@ def register_tasks(app: Celery, runtime: Runtime) -> None:
     )(sweep)
 
 
-def handle_delivery(runtime: Runtime, turn_id: str) -> str:
+def handle_delivery(runtime: TaskParts, turn_id: str) -> str:
     """One delivery of a turn: what became of it, as the task's result (SUCCESS), or
     TurnFailed with the reason (FAILURE).
 

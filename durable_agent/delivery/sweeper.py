@@ -28,14 +28,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from ..errors import DurableAgentError, ServiceUnavailable
-from ..operate.uncertain import notify_new
-from .doorbell import new_message_id, send
+from ..journal import Leases
+from ..settings import Settings
+from .doorbell import new_message_id
+from .outage import Outage
 
-if TYPE_CHECKING:
-    from ..runtime import Runtime
+Publish = Callable[..., None]
+"""``publish(session_id, turn_id, *, queue, message_id)``: put the message on the broker
+(``doorbell.send`` with the runtime's app); ServiceUnavailable when it cannot."""
 
 log = logging.getLogger(__name__)
 
@@ -45,22 +48,32 @@ _LOCK_KEY = 0x73776565  # "swee"
 class Sweeper:
     """One pass at a time across the fleet; ``sweep_once`` returns the turns it re-enqueued."""
 
-    def __init__(self, runtime: Runtime, *, batch: int = 500) -> None:
-        self.runtime = runtime
-        self.settings = runtime.settings
+    def __init__(
+        self,
+        settings: Settings,
+        leases: Leases,
+        outage: Outage,
+        publish: Publish,
+        notify_uncertain: Callable[[], object],
+        *,
+        batch: int = 500,
+    ) -> None:
+        self.settings = settings
+        self.leases = leases
+        self.outage = outage
+        self.publish = publish
+        self.notify_uncertain = notify_uncertain  # uncertain.notify_new, wired by the runtime
         self.batch = batch
         self.grace_seconds = min(5.0, self.settings.requeue_after_seconds)
 
     def sweep_once(self) -> list[tuple[str, str, str]]:
-        runtime = self.runtime
-        notify_new(runtime)  # uncertain effects to the configured hooks (uncertain.py)
-        runtime.leases.end_dead_local_holders()  # their turns are then due as 'claim expired'
-        dead_receivers = runtime.leases.dead_local_receivers()
-        with runtime.database.transaction() as tx:
-            if not tx.value("try_sweep_lock", key=_LOCK_KEY):
+        self.notify_uncertain()  # uncertain effects to the configured hooks (uncertain.py)
+        self.leases.end_dead_local_holders()  # their turns are then due as 'claim expired'
+        dead_receivers = self.leases.dead_local_receivers()
+        with self.leases.sweep_pass(_LOCK_KEY) as tx:
+            if tx is None:
                 return []
-            rows = tx.run(
-                "due_turns",
+            rows = tx.due_turns(
                 grace=self.grace_seconds,
                 lease=self.settings.lease_seconds,
                 requeue_after=self.settings.requeue_after_seconds,
@@ -68,15 +81,14 @@ class Sweeper:
                 batch=self.batch,
                 # Right after a Postgres outage, claims that ran out during it belong to
                 # workers that were waiting for Postgres too: give them a lease to return.
-                claims_expire=not runtime.outage.ended_within(self.settings.lease_seconds),
+                claims_expire=not self.outage.ended_within(self.settings.lease_seconds),
             )
             sent: list[tuple[str, str, str]] = []
             message_ids: list[str] = []
             try:
                 for row in rows:
                     message_id = new_message_id()
-                    send(
-                        runtime,
+                    self.publish(
                         row["session_id"],
                         row["turn_id"],
                         queue=row["queue"],
@@ -87,8 +99,7 @@ class Sweeper:
                     log.info("sweeper enqueued %s (%s)", row["turn_id"], row["why"])
             finally:  # what went out is recorded, even if the broker failed half-way
                 if sent:
-                    tx.run(
-                        "mark_sent",
+                    tx.mark_sent(
                         turn_ids=[turn_id for _, turn_id, _ in sent],
                         message_ids=message_ids,
                     )
@@ -112,7 +123,7 @@ class SweeperThread:
 
     def _run(self) -> None:
         interval = self.sweeper.settings.sweep_interval_seconds
-        outage = self.sweeper.runtime.outage
+        outage = self.sweeper.outage
         while not self._stop.wait(interval):
             try:
                 self.sweeper.sweep_once()

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import (
     LeaseLost,
@@ -23,20 +23,26 @@ from ..errors import (
     TurnFailed,
     TurnParked,
 )
-from ..journal import Refusal, worker_identity
-from ..journal.records import Claim
+from ..journal import (
+    Claim,
+    ClaimedJournal,
+    JournalStore,
+    Leases,
+    OperatorStore,
+    Refusal,
+    worker_identity,
+)
 from ..operate.approvals import approval_gate
 from ..operate.cancel import end_cancelled, stop_if_cancelled
 from ..redact import redact
-from ..step.agents import BoundAgent, changes
+from ..settings import Settings
+from ..step.agents import AgentBook, BoundAgent, changes
 from ..step.faults import Faults
 from ..step.loop import run_loop
 from ..step.runner import StepRunner
 from .heartbeat import Heartbeat
 
-if TYPE_CHECKING:
-    from ..journal.store import ClaimedJournal
-    from ..runtime import Runtime
+ModelCall = Callable[[dict[str, Any]], dict[str, Any]]
 
 log = logging.getLogger(__name__)
 
@@ -70,21 +76,27 @@ class Delivery:
 
 
 class TurnWorker:
-    """Runs turns for one worker process."""
+    """Runs turns for one worker process, with the parts the runtime hands it: the
+    journal, the claims, the operators' records (cancels, approvals), the agents this
+    process serves and the model client."""
 
     def __init__(
         self,
-        runtime: Runtime,
+        settings: Settings,
         *,
-        model: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        store: JournalStore,
+        leases: Leases,
+        operator_store: OperatorStore,
+        agents: AgentBook,
+        model: ModelCall,
         faults: Faults | None = None,
     ) -> None:
-        self.runtime = runtime
-        self.settings = runtime.settings
-        self.store = runtime.journal
-        self.leases = runtime.leases
-        self.agents = runtime.agents
-        self.model = model if model is not None else runtime.model
+        self.settings = settings
+        self.store = store
+        self.leases = leases
+        self.operator_store = operator_store
+        self.agents = agents
+        self.model = model
         self.faults = faults if faults is not None else Faults.from_env()
 
     def handle(self, turn_id: str) -> Delivery:
@@ -93,7 +105,7 @@ class TurnWorker:
             turn_id,
             worker_identity(),
             self.settings.lease_seconds,
-            self.runtime.queues,
+            self.agents.queues,
             self.agents.served_specs,
         )
         if isinstance(claim, Refusal):
@@ -154,7 +166,7 @@ class TurnWorker:
         with Heartbeat(self.leases, turn.turn_id, claim.epoch, settings.lease_seconds) as beat:
             try:
                 if turn.attempts > 1:  # resuming: a cancel asked meanwhile stops it here
-                    stop_if_cancelled(self.runtime, turn.turn_id)
+                    stop_if_cancelled(self.operator_store, turn.turn_id)
                 self._note_agent(claim, agent)
                 runner = StepRunner(
                     journal,
@@ -162,7 +174,13 @@ class TurnWorker:
                     guard=beat,
                     faults=self.faults,
                     max_steps=agent.max_steps,
-                    approval_gate=approval_gate(self.runtime, agent.tools, claim, journal.flush),
+                    approval_gate=approval_gate(
+                        self.operator_store,
+                        settings.approval_tools,
+                        agent.tools,
+                        claim,
+                        journal.flush,
+                    ),
                 )
                 # the first turn of a session has no history: none is read then
                 history = self.store.session_history(turn.session_id, turn.seq) if turn.seq else []
@@ -176,7 +194,7 @@ class TurnWorker:
                 delivery.detail, delivery.follow_up = reply, ended.next_turn
             except TurnCancelled as error:  # control.py
                 _flush_quietly(journal)  # a call that ran before the cancel keeps its outcome
-                ended = end_cancelled(self.runtime, turn.turn_id, claim.epoch)
+                ended = end_cancelled(self.operator_store, turn.turn_id, claim.epoch)
                 delivery.outcome, delivery.detail = Outcome.CANCELLED, str(error)
                 delivery.follow_up = ended.next_turn if ended else None
             except TurnParked as error:  # approvals.py

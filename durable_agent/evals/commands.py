@@ -14,7 +14,7 @@ from rich.table import Table
 
 from ..cli.console import err, out
 from ..errors import DurableAgentError
-from ..journal.db import describe_url
+from ..journal import describe_url
 from ..settings import Settings
 from .crash_matrix import MatrixReport, run_scenario, why
 from .stack import EvalStack
@@ -141,21 +141,6 @@ def matrix_table(report: MatrixReport) -> Table:
         + ("" if report.scripted else "; real model: repeats not counted, replies may differ")
     )
     return table
-
-
-def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
-    from ..operate.replay import replay_turn
-    from ..runtime import Runtime
-
-    runtime = Runtime(settings)
-    runtime.require_schema()
-    report = replay_turn(runtime, args.turn_id)
-    print(
-        json.dumps(report.to_json(), indent=2, ensure_ascii=False)
-        if args.json
-        else report.describe()
-    )
-    return 0 if report.ok else 1
 
 
 def cmd_heed_note(settings: Settings, args: argparse.Namespace) -> int:
@@ -292,10 +277,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--scripted", action="store_true", help="use the scripted model even if OPENAI_* is set"
     )
 
-    replay = kinds.add_parser("replay", help="replay a done turn with the model switched off")
-    replay.set_defaults(func=cmd_replay)
-    replay.add_argument("turn_id")
-    replay.add_argument("--json", action="store_true", help="print the report as JSON")
     matrix = kinds.add_parser(
         "crash-matrix",
         help="crash a real worker before and after every step; count repeats and emails",

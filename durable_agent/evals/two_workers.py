@@ -21,12 +21,13 @@ import signal
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from typing import Any
 
 import psycopg
 
 from ..errors import LeaseLost
-from ..journal import Database, JournalStore
+from ..journal import Database, JournalStore, Query, parse_queries
 from ..testing.harness import wait_until
 from .heed_note import MESSAGE
 from .stack import EvalStack
@@ -135,6 +136,15 @@ def run_two_workers(stack: EvalStack, timeout: float = 60.0) -> TwoWorkersReport
         payments.release()
 
 
+def _eval_query(name: str) -> Query:
+    """A query of the evals' own ``sql/two_workers.sql`` (the library never sends it)."""
+    text = resources.files(__package__).joinpath("sql", "two_workers.sql").read_text()
+    return parse_queries(text)[name]
+
+
+_UNFENCED = _eval_query("insert_step_unfenced")
+
+
 def _replay_next_write(
     db: Database, store: JournalStore, turn_id: str, epoch: int, step: int
 ) -> tuple[bool, bool, list[str]]:
@@ -152,7 +162,8 @@ def _replay_next_write(
         )
         fenced = True
     try:
-        db.run("insert_step_unfenced", turn_id=turn_id, step=step, epoch=epoch)
+        with psycopg.connect(db.conninfo, autocommit=True) as conn:
+            conn.execute(_UNFENCED.sql, {"turn_id": turn_id, "step": step, "epoch": epoch})
         lines.append(f"the same insert without the fence was ACCEPTED at step {step}")
         keyed = False
     except psycopg.errors.UniqueViolation:

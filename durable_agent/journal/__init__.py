@@ -1,23 +1,65 @@
-"""The durable step journal in Postgres: named queries, claims and migrations."""
+"""The journal: everything durable-agent keeps in Postgres, and the only way to it.
 
-from .db import Database
+Turns, their steps and blobs (``store``: ``JournalStore``, ``ClaimedJournal``), claims
+(``leases``), what operators record (``operator_store``: cancellations, approvals,
+resolutions, pruning), announcements (``notify``), fleet-wide passes under an advisory lock
+(``passes``), the spend ledger's records (``ledger``), migrations, and the SQL itself
+(``sql/``, read by ``queries`` alone). Every query is one method of a store; the modules
+above import what they need from here, not from the submodules.
+"""
+
+from .codec import ListDigest, digest, dumps, jsonb_order, storable
+from .db import Database, Row, conninfo_for, describe_url
 from .holders import holder_is_dead, worker_identity
 from .leases import Leases
-from .migrations import migrate, require_current
-from .records import Claim, Refusal, Step, Turn, TurnStatus
-from .store import JournalStore
+from .ledger import Price, Spend, Tokens, parse_prices
+from .migrations import current_version, latest_version, migrate, require_current
+from .notify import announce, listen
+from .operator_store import Approval, Cancellation, OperatorStore, PruneCount
+from .protocol import TurnJournal
+from .queries import Query, parse_queries
+from .records import Claim, Ended, Kind, Refusal, Replay, Step, StepStatus, Turn, TurnStatus
+from .store import ClaimedJournal, JournalStore
 
 __all__ = [
+    "Approval",
+    "Cancellation",
     "Claim",
+    "ClaimedJournal",
     "Database",
+    "Ended",
     "JournalStore",
+    "Kind",
     "Leases",
+    "ListDigest",
+    "OperatorStore",
+    "Price",
+    "PruneCount",
+    "Query",
     "Refusal",
+    "Replay",
+    "Row",
+    "Spend",
     "Step",
+    "StepStatus",
+    "Tokens",
     "Turn",
+    "TurnJournal",
     "TurnStatus",
+    "announce",
+    "conninfo_for",
+    "current_version",
+    "describe_url",
+    "digest",
+    "dumps",
     "holder_is_dead",
+    "jsonb_order",
+    "latest_version",
+    "listen",
     "migrate",
+    "parse_prices",
+    "parse_queries",
     "require_current",
+    "storable",
     "worker_identity",
 ]

@@ -9,12 +9,15 @@ session has finished, so the conversation it is built from can no longer change.
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 
-from ..errors import ServiceUnavailable, TurnNotFound
+from ..errors import TurnNotFound
 from ..redact import redact
 from .db import Database, Row
 from .holders import holder_is_dead, host_token
+from .notify import announce
+from .passes import LockedPass, locked_pass
 from .records import Claim, EncodedOutcome, Ended, Refusal, Turn, TurnStatus
 
 log = logging.getLogger(__name__)
@@ -111,6 +114,11 @@ class Leases:
             return []
         rows = self.db.run("unclaimed_receivers", pattern=f"%#{token}")
         return [row["received_by"] for row in rows if holder_is_dead(row["received_by"])]
+
+    def sweep_pass(self, key: int) -> AbstractContextManager[LockedPass | None]:
+        """A sweeper pass's transaction, holding the fleet-wide lock ``key`` (None: another
+        sweeper is at work)."""
+        return locked_pass(self.db, key)
 
     def renew(self, turn_id: str, epoch: int, lease_seconds: float) -> bool:
         """Extend the lease; False when the epoch moved on (the turn was taken over)."""
@@ -212,13 +220,3 @@ def _refusal(state: Row, queues: list[str] | None) -> Refusal:
 
 def _aware(value: datetime) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
-def announce(db: Database, *payloads: str) -> None:
-    """Tell the watchers of a turn that a durable write of it committed (see ``announce`` in
-    ``sql/queries.sql``): one statement for all ``payloads``. Best effort: a watcher that
-    misses it reads anyway within its fallback poll."""
-    try:
-        db.run("announce", payloads=list(payloads))
-    except ServiceUnavailable as error:
-        log.info("could not announce %r: %s", payloads, error)

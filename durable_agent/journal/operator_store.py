@@ -7,12 +7,15 @@ decision on an approval is read by the runner when it reaches the call again.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from .codec import dumps
-from .db import Database, Row, _Connected
+from .db import Database, Row
+from .notify import announce
+from .passes import LockedPass, locked_pass
 from .records import Ended, _Row
 
 
@@ -159,10 +162,14 @@ class OperatorStore:
         resolved_at: datetime = row["resolved_at"]
         return resolved_at
 
-    @staticmethod
-    def new_uncertain_notices(tx: _Connected, batch: int) -> list[tuple[str, int]]:
-        """Inside the caller's transaction: mark a batch of untold effects as told."""
-        return [(r["turn_id"], r["step"]) for r in tx.run("new_uncertain_notices", batch=batch)]
+    def notice_pass(self, key: int) -> AbstractContextManager[LockedPass | None]:
+        """A transaction holding the fleet-wide lock ``key`` (None: another process is
+        telling), in which ``new_uncertain_notices`` marks a batch as told."""
+        return locked_pass(self.db, key)
+
+    def announce(self, *payloads: str) -> None:
+        """Wake the watchers of a turn after a write here ended it (see ``notify.py``)."""
+        announce(self.db, *payloads)
 
     # -- approvals -------------------------------------------------------------------------
 

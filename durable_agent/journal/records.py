@@ -9,7 +9,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Self, cast
 
 if TYPE_CHECKING:
-    from ..operate.spend import Spend
+    from .ledger import Spend
 
 Kind = Literal["model", "tool"]
 Replay = Literal["safe", "never"]

@@ -16,7 +16,7 @@ import psycopg
 from ..errors import InvalidArgument, LeaseLost, TurnCancelled, TurnNotFound
 from .codec import digest, dumps
 from .db import Database
-from .leases import announce
+from .notify import announce
 from .operator_store import OperatorStore
 from .records import EncodedOutcome, Kind, Replay, Step, Turn
 

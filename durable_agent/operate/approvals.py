@@ -22,17 +22,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from ..errors import InvalidArgument, LeaseLost, ReplayDiverged, TurnCancelled, TurnParked
 from ..inputs import check_id
-from ..journal.operator_store import Approval, OperatorStore
-from ..journal.records import Claim, Ended
+from ..journal import Approval, Claim, Ended, OperatorStore
 from ..step.tools import Tool, ToolRegistry
-from .cancel import check_by, check_note, send_next
-
-if TYPE_CHECKING:
-    from ..runtime import Runtime
+from .cancel import Enqueue, GetTurn, check_by, check_note, send_next
 
 log = logging.getLogger(__name__)
 
@@ -109,34 +105,33 @@ class Gate:
 
 
 def approval_gate(
-    runtime: Runtime,
+    store: OperatorStore,
+    required: frozenset[str],
     tools: ToolRegistry,
     claim: Claim,
     before_park: Callable[[], None] = lambda: None,
 ) -> Gate | None:
     """The gate of this claim, or None when no tool needs approval (nothing is read).
-    ``before_park``: the journal's flush, called before the turn parks."""
-    required = runtime.settings.approval_tools
+    ``required``: the tools named in ``DURABLE_AGENT_APPROVAL_REQUIRED``; ``before_park``:
+    the journal's flush, called before the turn parks."""
     if not required and not any(t.approval == "required" for t in tools):
         return None
-    return Gate(
-        OperatorStore(runtime.database), claim.turn.turn_id, claim.epoch, required, before_park
-    )
+    return Gate(store, claim.turn.turn_id, claim.epoch, required, before_park)
 
 
 def list_approvals(
-    runtime: Runtime, *, turn_id: str | None = None, include_decided: bool = False
+    store: OperatorStore, *, turn_id: str | None = None, include_decided: bool = False
 ) -> list[Approval]:
     """Calls waiting for a decision (``include_decided``: decided ones too), oldest first."""
     if turn_id is not None:
         check_id("turn_id", turn_id)
-    return OperatorStore(runtime.database).list_approvals(
-        turn_id=turn_id, include_decided=include_decided
-    )
+    return store.list_approvals(turn_id=turn_id, include_decided=include_decided)
 
 
 def decide(
-    runtime: Runtime,
+    store: OperatorStore,
+    get_turn: GetTurn,
+    enqueue: Enqueue,
     turn_id: str,
     step: int,
     decision: Decision,
@@ -153,8 +148,7 @@ def decide(
         raise InvalidArgument(f"decision must be 'approved' or 'denied', got {decision!r}")
     reason = check_note("reason", reason, required=decision == "denied")
     who = check_by(by)
-    turn = runtime.get_turn(turn_id)
-    store = OperatorStore(runtime.database)
+    turn = get_turn(turn_id)
     woken = store.decide_approval(turn_id, step, decision, reason, who)
     found = store.find_approval(turn_id, step)
     if woken is None:
@@ -168,19 +162,33 @@ def decide(
         raise InvalidArgument(f"turn {turn_id} is {turn.status}, not waiting for a decision")
     assert found is not None
     log.info("turn %s step %d %s by %s", turn_id, step, decision, who)
-    send_next(runtime, Ended(woken[0], turn.seq, woken))
+    send_next(enqueue, Ended(woken[0], turn.seq, woken))
     return found
 
 
 def approve(
-    runtime: Runtime, turn_id: str, step: int, *, note: str | None = None, by: str | None = None
+    store: OperatorStore,
+    get_turn: GetTurn,
+    enqueue: Enqueue,
+    turn_id: str,
+    step: int,
+    *,
+    note: str | None = None,
+    by: str | None = None,
 ) -> Approval:
     """Let the pending call at (turn, step) run; the turn is sent to a worker."""
-    return decide(runtime, turn_id, step, "approved", reason=note, by=by)
+    return decide(store, get_turn, enqueue, turn_id, step, "approved", reason=note, by=by)
 
 
 def deny(
-    runtime: Runtime, turn_id: str, step: int, reason: str, *, by: str | None = None
+    store: OperatorStore,
+    get_turn: GetTurn,
+    enqueue: Enqueue,
+    turn_id: str,
+    step: int,
+    reason: str,
+    *,
+    by: str | None = None,
 ) -> Approval:
     """Refuse the pending call: it never runs, and the model reads the reason as its result."""
-    return decide(runtime, turn_id, step, "denied", reason=reason, by=by)
+    return decide(store, get_turn, enqueue, turn_id, step, "denied", reason=reason, by=by)

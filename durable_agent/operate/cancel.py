@@ -14,21 +14,22 @@ from __future__ import annotations
 import getpass
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import DurableAgentError, InvalidArgument, TurnCancelled
 from ..inputs import check_id
-from ..journal.leases import announce
-from ..journal.operator_store import Cancellation, OperatorStore
-from ..journal.records import Ended, Turn
-
-if TYPE_CHECKING:
-    from ..runtime import Runtime
+from ..journal import Cancellation, Ended, OperatorStore, Turn
 
 log = logging.getLogger(__name__)
 
 MAX_NOTE_CHARS = 2000
+
+GetTurn = Callable[[str], Turn]
+"""The turn as recorded now, with its spend ledger; TurnNotFound for an unknown id."""
+Enqueue = Callable[[str, str, str], None]
+"""Send ``(session_id, turn_id, queue)`` to a worker (``Runtime.enqueue``)."""
 
 
 def operator() -> str:
@@ -106,27 +107,32 @@ class CancelResult:
 
 
 def cancel(
-    runtime: Runtime, turn_id: str, reason: str | None = None, *, by: str | None = None
+    store: OperatorStore,
+    get_turn: GetTurn,
+    enqueue: Enqueue,
+    turn_id: str,
+    reason: str | None = None,
+    *,
+    by: str | None = None,
 ) -> CancelResult:
     """Ask a turn to stop; see the module docstring."""
     check_id("turn_id", turn_id)
     reason = check_note("reason", reason)
     who = check_by(by)
-    runtime.get_turn(turn_id)  # TurnNotFound for an unknown id
-    store = OperatorStore(runtime.database)
+    get_turn(turn_id)  # TurnNotFound for an unknown id
     requested = store.request_cancel(turn_id, who, reason)
     ended = store.end_unheld_cancelled(turn_id)
     if ended is not None:
         log.info("turn %s cancelled by %s", turn_id, who)
-        announce(runtime.database, f"turn cancelled {turn_id}")  # wakes wait and watch
-        send_next(runtime, ended)
-    return CancelResult(runtime.get_turn(turn_id), requested, store.find_cancellation(turn_id))
+        store.announce(f"turn cancelled {turn_id}")  # wakes wait and watch
+        send_next(enqueue, ended)
+    return CancelResult(get_turn(turn_id), requested, store.find_cancellation(turn_id))
 
 
-def stop_if_cancelled(runtime: Runtime, turn_id: str) -> None:
+def stop_if_cancelled(store: OperatorStore, turn_id: str) -> None:
     """Raise TurnCancelled if someone asked the turn to stop: a claim that resumes a turn
     checks first, so that it does not run an interrupted call again only to stop after it."""
-    cancel = OperatorStore(runtime.database).find_cancellation(turn_id)
+    cancel = store.find_cancellation(turn_id)
     if cancel is not None:
         raise TurnCancelled(
             f"turn {turn_id} cancelled by {cancel.requested_by}"
@@ -134,20 +140,20 @@ def stop_if_cancelled(runtime: Runtime, turn_id: str) -> None:
         )
 
 
-def end_cancelled(runtime: Runtime, turn_id: str, epoch: int) -> Ended | None:
+def end_cancelled(store: OperatorStore, turn_id: str, epoch: int) -> Ended | None:
     """The worker holding a cancelled turn ends it (None if its epoch moved on)."""
-    ended = OperatorStore(runtime.database).end_claimed_cancelled(turn_id, epoch)
+    ended = store.end_claimed_cancelled(turn_id, epoch)
     if ended is not None:
         log.warning("turn %s cancelled at a step boundary", turn_id)
-        announce(runtime.database, f"turn cancelled {turn_id}")  # wakes wait and watch
+        store.announce(f"turn cancelled {turn_id}")  # wakes wait and watch
     return ended
 
 
-def send_next(runtime: Runtime, ended: Ended) -> None:
+def send_next(enqueue: Enqueue, ended: Ended) -> None:
     """Send the next turn of an ended turn's session (the sweeper does if this fails)."""
     if ended.next_turn is None:
         return
     try:
-        runtime.enqueue(*ended.next_turn)
+        enqueue(*ended.next_turn)
     except DurableAgentError as error:
         log.warning("could not enqueue %s (the sweeper will): %s", ended.next_turn, error)

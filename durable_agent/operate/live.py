@@ -20,19 +20,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import psycopg
 
 from ..errors import InvalidArgument
 from ..inputs import check_id, check_timeout
-from ..journal import Step, Turn, TurnStatus
-from ..journal.queries import query
+from ..journal import JournalStore, Step, Turn, TurnStatus, listen
 
-if TYPE_CHECKING:
-    from ..runtime import Runtime
+WithSpend = Callable[[list[Turn]], list[Turn]]
+"""The turns with their spend ledgers (``Runtime.with_spend``)."""
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +161,7 @@ class Announcements:
                 backoff = min(backoff * 2, DEFAULT_POLL_SECONDS)
                 continue
             try:
-                conn.execute(query("listen_turns").sql.encode(), prepare=False)
+                listen(conn)
                 listener.listening.set()
                 self._wake_all()  # whatever was announced while no one listened: read it
                 backoff = 0.2
@@ -237,7 +236,9 @@ def check_after_step(value: Any) -> int:
 
 
 def stream_turn(
-    runtime: Runtime,
+    store: JournalStore,
+    announcements: Announcements,
+    with_spend: WithSpend,
     turn_id: str,
     *,
     after_step: int = -1,
@@ -252,20 +253,23 @@ def stream_turn(
     first = check_after_step(after_step) + 1
     deadline = _deadline(timeout)
     poll_seconds = _check_poll(poll_seconds)
-    runtime.journal.get_turn(turn_id)
-    return _stream(runtime, turn_id, first, deadline, timeout, poll_seconds)
+    store.get_turn(turn_id)
+    return _stream(
+        store, announcements, with_spend, turn_id, first, deadline, timeout, poll_seconds
+    )
 
 
 def _stream(
-    runtime: Runtime,
+    store: JournalStore,
+    announcements: Announcements,
+    with_spend: WithSpend,
     turn_id: str,
     next_step: int,
     deadline: float | None,
     timeout: float | None,
     poll_seconds: float,
 ) -> Generator[TurnEvent, None, None]:
-    store = runtime.journal
-    with runtime.announcements.subscribe(turn_id) as subscription:
+    with announcements.subscribe(turn_id) as subscription:
         while True:
             # the turn first: when it has ended, the steps read after it are all of them
             turn = store.get_turn(turn_id)
@@ -275,13 +279,14 @@ def _stream(
                 yield TurnEvent(turn_id, "step", step=step)
                 next_step += 1
             if turn.finished:
-                yield TurnEvent(turn_id, "end", turn=runtime.with_spend([turn])[0])
+                yield TurnEvent(turn_id, "end", turn=with_spend([turn])[0])
                 return
             _wait(subscription, turn, poll_seconds, deadline, timeout)
 
 
 def wait_until_finished(
-    runtime: Runtime,
+    store: JournalStore,
+    announcements: Announcements,
     turn_id: str,
     timeout: float,
     poll_seconds: float = DEFAULT_POLL_SECONDS,
@@ -293,11 +298,10 @@ def wait_until_finished(
     check_id("turn_id", turn_id)
     deadline = _deadline(check_timeout(timeout))
     poll_seconds = _check_poll(poll_seconds)
-    store = runtime.journal
     turn = store.get_turn(turn_id)
     if turn.finished:
         return turn
-    with runtime.announcements.subscribe(turn_id, steps=False) as subscription:
+    with announcements.subscribe(turn_id, steps=False) as subscription:
         while True:
             turn = store.get_turn(turn_id)
             if turn.finished:

@@ -9,17 +9,16 @@ diverged and why (a changed system prompt, a changed tool, a journal missing an 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import DurableAgentError, TurnFailed
-from ..journal.records import Kind, Replay, Step
+from ..inputs import check_id
+from ..journal import JournalStore, Kind, Replay, Step
+from ..step.agents import AgentBook
 from ..step.loop import run_loop
 from ..step.model import ModelSwitchedOff
 from ..step.runner import StepRunner
 from ..step.tools import ToolRegistry
-
-if TYPE_CHECKING:
-    from ..runtime import Runtime
 
 
 class ReplayWrite(TurnFailed):
@@ -107,16 +106,19 @@ class ReplayReport:
         )
 
 
-def replay_turn(runtime: Runtime, turn_id: str) -> ReplayReport:
-    """Recompute a finished turn from its journal alone."""
-    store, settings = runtime.journal, runtime.settings
-    turn = runtime.get_turn(turn_id)
+def replay_turn(
+    store: JournalStore, agents: AgentBook, turn_id: str, *, max_steps: int
+) -> ReplayReport:
+    """Recompute a finished turn from its journal alone, with the agents of this process
+    (``max_steps``: the settings' limit; a journal longer than it is read to its end).
+    InvalidArgument for a malformed id, TurnNotFound for an unknown one."""
+    turn = store.get_turn(check_id("turn_id", turn_id))
     if turn.status != "done":
         raise DurableAgentError(
             f"turn {turn_id} is {turn.status}: only a done turn has a reply to replay"
         )
     journal = store.load_journal(turn_id)
-    agent = runtime.agents.get(turn.agent)
+    agent = agents.get(turn.agent)
     if agent is None:
         raise DurableAgentError(
             f"turn {turn_id} belongs to agent {turn.agent!r}, which no module here defines"
@@ -127,7 +129,7 @@ def replay_turn(runtime: Runtime, turn_id: str) -> ReplayReport:
         ReadOnlyJournal(turn_id, turn.lease_epoch, journal),
         tools=inert,
         guard=_Unfenced(),
-        max_steps=max(settings.max_steps, len(journal) + 1),
+        max_steps=max(max_steps, len(journal) + 1),
         strict=True,
     )
     history = store.session_history(turn.session_id, turn.seq)

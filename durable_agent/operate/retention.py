@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import TYPE_CHECKING
 
 from ..errors import InvalidArgument
-from ..journal.operator_store import OperatorStore, PruneCount
-
-if TYPE_CHECKING:
-    from ..runtime import Runtime
+from ..journal import OperatorStore, PruneCount
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +36,7 @@ def parse_age(text: str) -> float:
 
 
 def prune(
-    runtime: Runtime,
+    store: OperatorStore,
     older_than: float | str,
     *,
     dry_run: bool = False,
@@ -56,7 +52,6 @@ def prune(
         raise InvalidArgument("older_than_seconds must be more than 0")
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 10_000:
         raise InvalidArgument("batch must be a whole number from 1 to 10000")
-    store = OperatorStore(runtime.database)
     preview = store.prune_preview(older_than_seconds)
     if dry_run:
         return preview

@@ -25,17 +25,13 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from ..errors import ConfigurationError, InvalidArgument, ServiceUnavailable
 from ..inputs import check_id
-from ..journal.db import Row
-from ..journal.operator_store import OperatorStore
-from ..journal.records import Step
+from ..journal import JournalStore, OperatorStore, Row, Step
+from ..settings import Settings
 from .cancel import check_by, check_note
-
-if TYPE_CHECKING:
-    from ..runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +97,8 @@ class UncertainEffect:
 
 
 def list_uncertain(
-    runtime: Runtime,
+    store: OperatorStore,
+    journal: JournalStore,
     *,
     since: datetime | None = None,
     include_resolved: bool = False,
@@ -119,14 +116,15 @@ def list_uncertain(
         raise InvalidArgument("limit must be a whole number from 1 to 10000")
     if since is not None and (not isinstance(since, datetime) or since.tzinfo is None):
         raise InvalidArgument("since must be a timezone-aware datetime")
-    rows = OperatorStore(runtime.database).uncertain_effects(
+    rows = store.uncertain_effects(
         since=since, turn_id=turn_id, agent=agent, include_resolved=include_resolved, limit=limit
     )
-    return _effects(runtime, rows)
+    return _effects(journal, rows)
 
 
 def resolve(
-    runtime: Runtime,
+    store: OperatorStore,
+    journal: JournalStore,
     turn_id: str,
     step: int,
     verdict: Verdict,
@@ -143,26 +141,25 @@ def resolve(
         raise InvalidArgument(f"verdict must be one of {', '.join(VERDICTS)}, got {verdict!r}")
     note = check_note("note", note)
     who = check_by(by)
-    runtime.get_turn(turn_id)  # TurnNotFound
-    store = OperatorStore(runtime.database)
+    journal.get_turn(turn_id)  # TurnNotFound
     if not store.uncertain_effects(turn_id=turn_id, step=step, include_resolved=True, limit=1):
         raise InvalidArgument(f"step {step} of turn {turn_id} is not an uncertain effect")
     store.record_resolution(turn_id, step, verdict, note, who)
     log.info("uncertain effect %s step %d resolved %s by %s", turn_id, step, verdict, who)
     rows = store.uncertain_effects(turn_id=turn_id, step=step, include_resolved=True, limit=1)
-    return _effects(runtime, rows)[0]
+    return _effects(journal, rows)[0]
 
 
 # -- what the model did next -----------------------------------------------------------------
 
 
-def _effects(runtime: Runtime, rows: list[Row]) -> list[UncertainEffect]:
+def _effects(journal: JournalStore, rows: list[Row]) -> list[UncertainEffect]:
     journals: dict[str, list[Step]] = {}
     effects = []
     for row in rows:
         turn_id = row["turn_id"]
         if turn_id not in journals:
-            journals[turn_id] = runtime.journal.load_journal(turn_id)
+            journals[turn_id] = journal.load_journal(turn_id)
         effects.append(_effect(row, journals[turn_id]))
     return effects
 
@@ -223,17 +220,18 @@ def _effect(row: Row, journal: list[Step]) -> UncertainEffect:
 # -- telling someone ----------------------------------------------------------------------------
 
 Hook = Callable[[UncertainEffect], None]
+SendTask = Callable[..., object]
+"""Celery's ``app.send_task``: how the task hook is sent."""
 
 
-def hooks(runtime: Runtime) -> list[Hook]:
+def hooks(settings: Settings, send_task: SendTask) -> list[Hook]:
     """The configured hooks (none: the sweeper reads nothing for them)."""
-    settings = runtime.settings
     found: list[Hook] = []
     if settings.uncertain_task:
         queue = settings.uncertain_queue or f"{settings.queue}.uncertain"
 
         def send(effect: UncertainEffect) -> None:
-            runtime.celery.send_task(settings.uncertain_task, args=[effect.as_json()], queue=queue)
+            send_task(settings.uncertain_task, args=[effect.as_json()], queue=queue)
 
         found.append(send)
     if settings.uncertain_callback:
@@ -255,11 +253,17 @@ def _import_callable(path: str) -> Hook:
     return hook
 
 
-def notify_new(runtime: Runtime, batch: int = 100) -> int:
-    """Give each new uncertain effect to the hooks, once; how many were told. A sweeper pass
-    calls this; a failing hook is logged and the batch is told again at the next pass."""
+def notify_new(
+    store: OperatorStore,
+    journal: JournalStore,
+    configured: Callable[[], list[Hook]],
+    batch: int = 100,
+) -> int:
+    """Give each new uncertain effect to the hooks (``configured()``: see :func:`hooks`),
+    once; how many were told. A sweeper pass calls this; a failing hook is logged and the
+    batch is told again at the next pass."""
     try:
-        return _notify_new(runtime, batch)
+        return _notify_new(store, journal, configured, batch)
     except ServiceUnavailable:
         raise
     except Exception as error:  # a hook's failure must not stop the sweeper
@@ -267,20 +271,24 @@ def notify_new(runtime: Runtime, batch: int = 100) -> int:
         return 0
 
 
-def _notify_new(runtime: Runtime, batch: int) -> int:
-    told = hooks(runtime)
+def _notify_new(
+    store: OperatorStore,
+    journal: JournalStore,
+    configured: Callable[[], list[Hook]],
+    batch: int,
+) -> int:
+    told = configured()
     if not told:
         return 0
-    with runtime.database.transaction() as tx:
-        if not tx.value("try_sweep_lock", key=_NOTICE_LOCK_KEY):
+    with store.notice_pass(_NOTICE_LOCK_KEY) as notices:
+        if notices is None:
             return 0
-        new = OperatorStore.new_uncertain_notices(tx, batch)
-        store = OperatorStore(runtime.database)
+        new = notices.new_uncertain_notices(batch)
         for turn_id, step in new:
             rows = store.uncertain_effects(
                 turn_id=turn_id, step=step, include_resolved=True, limit=1
             )
-            for effect in _effects(runtime, rows):
+            for effect in _effects(journal, rows):
                 for hook in told:
                     hook(effect)
                 log.warning(

@@ -5,7 +5,9 @@
 is a step number (``4:after_run``) or a tool name (``refund_order:after_run``: the first
 call of that tool this process makes). ``CRASH_AT=delivery:before_claim`` fires when a
 delivery arrives, after the worker noted its receipt and before it claims the turn. The
-process ends with ``os._exit(1)``: no cleanup, no ack, exactly like a killed worker.
+process ends with ``os._exit(1)``: no cleanup, no ack, exactly like a killed worker. Tests
+that act a crash out in their own process give :class:`Faults` another ``exit`` (one that
+raises), so that a point firing by mistake cannot end the test run.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Literal
+from collections.abc import Callable
+from typing import Literal, NoReturn
 
 from ..errors import ConfigurationError
 
@@ -23,6 +26,9 @@ DELIVERY = ("delivery", "before_claim")
 ENV = "CRASH_AT"
 
 log = logging.getLogger(__name__)
+
+Exit = Callable[[str], NoReturn]
+"""What a fired crash point calls, with what fired: ends the process (``os._exit(1)``)."""
 
 
 def parse(spec: str | None) -> tuple[int | str, CrashPoint] | None:
@@ -42,8 +48,11 @@ def parse(spec: str | None) -> tuple[int | str, CrashPoint] | None:
 class Faults:
     """The crash point of this process, if any; checking it costs one comparison."""
 
-    def __init__(self, armed: tuple[int | str, CrashPoint] | None = None) -> None:
+    def __init__(
+        self, armed: tuple[int | str, CrashPoint] | None = None, *, exit: Exit | None = None
+    ) -> None:
         self.armed = armed
+        self.exit: Exit = exit if exit is not None else _exit
 
     @classmethod
     def from_env(cls) -> Faults:
@@ -51,14 +60,14 @@ class Faults:
 
     def maybe_crash(self, step: int, point: CrashPoint, name: str = "") -> None:
         if self.armed is not None and self.armed[1] == point and self.armed[0] in (step, name):
-            _exit(f"{ENV}={self.armed[0]}:{self.armed[1]} reached at step {step}")
+            self.exit(f"{ENV}={self.armed[0]}:{self.armed[1]} reached at step {step}")
 
     def maybe_crash_before_claim(self) -> None:
         if self.armed == DELIVERY:
-            _exit(f"{ENV}=delivery:before_claim reached")
+            self.exit(f"{ENV}=delivery:before_claim reached")
 
 
-def _exit(what: str) -> None:
+def _exit(what: str) -> NoReturn:
     log.warning("%s: exiting now", what)
     for handler in logging.getLogger().handlers:
         handler.flush()

@@ -104,7 +104,7 @@ def test_approval_survives_killed_workers_and_the_call_runs_once(
     assert steps[3].input["approval"]["decided_by"] == "ada", report
     assert steps[3].output["uncertain"] is True, report
     assert [s.name for s in steps[4:]] == ["llm", "list_sent_emails", "llm"], report
-    send(runtime_for(stack.settings), "s-approve", turn_id, message_id="dup")
+    send(runtime_for(stack.settings).celery, "s-approve", turn_id, message_id="dup")
     wait_until(lambda: "already done" in last.log_text(), 20, "the duplicate to be refused")
     assert stack.subjects() == [stack.subject], report
     assert stack.model.repeated_requests() == 0, report

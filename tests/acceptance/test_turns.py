@@ -81,7 +81,9 @@ def test_duplicate_delivery_runs_nothing_twice(stack: Stack, spawn: Spawn) -> No
     turn_id = start_turn("s-duplicate", stack.message, settings=stack.settings)
     stack.model.wait_for_waiting(1, timeout=20)
 
-    send(runtime_for(stack.settings), "s-duplicate", turn_id, message_id="dup")  # delivered again
+    send(
+        runtime_for(stack.settings).celery, "s-duplicate", turn_id, message_id="dup"
+    )  # delivered again
     wait_until(
         lambda: any(f"turn {turn_id} is held by" in w.log_text() for w in stack.workers),
         20,
@@ -111,7 +113,9 @@ def test_a_turn_delivered_to_another_queue_is_handed_back(stack: Stack, spawn: S
     )
     other = spawn(settings=billing, DURABLE_AGENT_TOOLS="durable_agent_examples.payments_tools")
     turn = stack.store.create_turn("s-routed", stack.message, queue=stack.settings.queue)
-    send(runtime_for(billing), "s-routed", turn.turn_id, queue=billing.queue, message_id="m-1")
+    send(
+        runtime_for(billing).celery, "s-routed", turn.turn_id, queue=billing.queue, message_id="m-1"
+    )
     wait_until(
         lambda: "belongs to queue" in other.log_text(), 20, "the billing worker to refuse it"
     )

@@ -132,7 +132,12 @@ def test_plan_then_act_loop_passes_the_crash_matrix(
         )
     )
     try:
-        replayed = replay_turn(runtime, report.points[2].turn_id)
+        replayed = replay_turn(
+            runtime.journal,
+            runtime.agents,
+            report.points[2].turn_id,
+            max_steps=runtime.settings.max_steps,
+        )
     finally:
         runtime.close()
     assert replayed.ok and replayed.model_calls == 0, replayed.describe()

@@ -23,8 +23,8 @@ from typing import Any
 
 import psycopg
 from durable_agent.faults import CrashPoint, Faults
-from durable_agent.worker import TurnWorker
 
+from durable_agent.delivery.turn_worker import TurnWorker
 from durable_agent.journal import migrate
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
@@ -57,13 +57,13 @@ def _run(runtime: Runtime, turn_id: str, crash: tuple[int | str, CrashPoint] | N
     """Run the turn; with a crash point, die there on another thread (another lease owner)
     and let a fresh worker finish the turn once the dead one's claim is ended."""
     if crash is not None:
-        doomed = TurnWorker(runtime, faults=_CrashAt(crash))
+        doomed = runtime.build_turn_worker(faults=_CrashAt(crash))
         thread = threading.Thread(target=lambda: _swallow(doomed, turn_id))
         thread.start()
         thread.join()
         with psycopg.connect(runtime.database.conninfo, autocommit=True) as conn:
             conn.execute("UPDATE turns SET lease_expires_at = now() WHERE turn_id = %s", (turn_id,))
-    delivery = TurnWorker(runtime, faults=Faults()).handle(turn_id)
+    delivery = runtime.build_turn_worker(faults=Faults()).handle(turn_id)
     if delivery.outcome != "done":
         raise RuntimeError(f"turn {turn_id}: {delivery.outcome} {delivery.detail}")
 

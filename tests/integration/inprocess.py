@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import NoReturn
 
 from durable_agent.settings import Settings
 from durable_agent.step.faults import CrashPoint, Faults
@@ -15,12 +16,15 @@ class SimulatedCrash(BaseException):
     """Stands in for os._exit: nothing in the worker catches it, nothing is cleaned up."""
 
 
+def _simulate(what: str) -> NoReturn:
+    raise SimulatedCrash(what)
+
+
 class CrashAt(Faults):
     """Faults that raise SimulatedCrash at the armed point instead of ending the process."""
 
-    def maybe_crash(self, step: int, point: CrashPoint, name: str = "") -> None:
-        if self.armed is not None and self.armed[1] == point and self.armed[0] in (step, name):
-            raise SimulatedCrash(f"{step}:{point}")
+    def __init__(self, armed: tuple[int | str, CrashPoint] | None = None) -> None:
+        super().__init__(armed, exit=_simulate)
 
 
 def run_cli(

@@ -60,7 +60,7 @@ def make_worker(op_settings: Settings, inbox: SmtpInbox) -> Iterator[Callable[..
         registry = tools or load_tools(["durable_agent_examples.email_tools"])
         runtime = Runtime(op_settings.model_copy(update=overrides), tools=registry)
         runtimes.append(runtime)
-        return TurnWorker(runtime, faults=CrashAt(crash))  # type: ignore[arg-type]
+        return runtime.build_turn_worker(faults=CrashAt(crash))  # type: ignore[arg-type]
 
     yield make
     for runtime in runtimes:

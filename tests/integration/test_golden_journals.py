@@ -70,7 +70,12 @@ def test_a_recorded_turn_replays_identically(
     runtime = Runtime(settings.model_copy(update=recording["settings"]))
     try:
         for turn in recording["turns"]:
-            report = replay_turn(runtime, turn["turn_id"])
+            report = replay_turn(
+                runtime.journal,
+                runtime.agents,
+                turn["turn_id"],
+                max_steps=runtime.settings.max_steps,
+            )
             assert report.ok, f"{path.name}: {report.describe()}"
             assert report.model_calls == 0
             assert report.replayed_reply == turn["reply"]
@@ -88,7 +93,12 @@ def test_a_changed_system_prompt_diverges_at_the_first_model_step(
     changed = {**recording["settings"], "system_prompt": "You are somebody else."}
     runtime = Runtime(settings.model_copy(update=changed))
     try:
-        report = replay_turn(runtime, recording["turns"][0]["turn_id"])
+        report = replay_turn(
+            runtime.journal,
+            runtime.agents,
+            recording["turns"][0]["turn_id"],
+            max_steps=runtime.settings.max_steps,
+        )
     finally:
         runtime.close()
     assert not report.ok

@@ -1,17 +1,24 @@
 """Live turns on a real Postgres: steps announced by LISTEN/NOTIFY as they commit, read by
-``stream_turn`` in order, resumable from any step, and ``wait_for_turn`` woken by the end."""
+``stream_turn`` in order, resumable from any step, and ``wait_for_turn`` woken by the end.
+
+Where a test asserts that nothing was told, it first makes sure the watcher (or listener)
+looked after the write: the watcher's store counts its reads, and a listener reads up to a
+marker sent after the write. Nothing is left to a sleep.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
 
-from durable_agent import InvalidArgument, TurnEvent, TurnNotFound
-from durable_agent.journal import Claim, JournalStore, Leases
+from durable_agent import InvalidArgument, Turn, TurnEvent, TurnNotFound
+from durable_agent.journal import Claim, JournalStore, Leases, Step, announce
+from durable_agent.operate.live import stream_turn, wait_until_finished
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
 
@@ -30,6 +37,48 @@ def _write_step(store: JournalStore, turn_id: str, epoch: int, step: int) -> Non
     """Intent then outcome, as the runner writes a model step."""
     store.insert_intent(turn_id, epoch, step, "model", "llm", {"n": step}, "safe")
     store.record_outcome(turn_id, epoch, step, {"message": {"content": f"s{step}"}}, durable=False)
+
+
+class CountingStore:
+    """The journal store a watcher reads through, counting its reads (each counted once it
+    returned): a read that started after a write sees that write."""
+
+    def __init__(self, store: JournalStore) -> None:
+        self.store = store
+        self.turn_reads = 0
+        self.step_reads = 0
+
+    def get_turn(self, turn_id: str) -> Turn:
+        turn = self.store.get_turn(turn_id)
+        self.turn_reads += 1
+        return turn
+
+    def load_journal_from(self, turn_id: str, first: int) -> list[Step]:
+        steps = self.store.load_journal_from(turn_id, first)
+        self.step_reads += 1
+        return steps
+
+
+def _watch(runtime: Runtime, turn_id: str) -> tuple[CountingStore, Iterator[TurnEvent]]:
+    counting = CountingStore(runtime.journal)
+    events = stream_turn(
+        counting,  # type: ignore[arg-type]
+        runtime.announcements,
+        runtime.with_spend,
+        turn_id,
+        poll_seconds=SLOW_POLL,
+    )
+    return counting, events
+
+
+def _looked_again(runtime: Runtime, counting: CountingStore, turn_id: str) -> None:
+    """Wake the watcher with an announcement that brings no news, twice, and wait until it
+    has read each time: its second read started after everything written before this call,
+    and whatever that read found has been handed out by the time this returns."""
+    for _ in range(2):
+        reads = counting.step_reads
+        announce(runtime.database, f"step -1 {turn_id}")
+        _until(lambda reads=reads: counting.step_reads > reads, timeout=5.0)
 
 
 def _collect(events: Iterator[TurnEvent], into: list[TurnEvent]) -> threading.Thread:
@@ -54,13 +103,14 @@ def test_stream_yields_each_step_as_it_commits_then_the_end(
     store = runtime.journal
     _write_step(store, turn_id, epoch, 0)  # recorded before the watcher came: caught up
     events: list[TurnEvent] = []
-    thread = _collect(runtime.stream_turn(turn_id, poll_seconds=SLOW_POLL), events)
+    counting, stream = _watch(runtime, turn_id)
+    thread = _collect(stream, events)
     _until(lambda: len(events) == 1)
 
     for step in (1, 2, 3):
         store.insert_intent(turn_id, epoch, step, "model", "llm", {"n": step}, "safe")
-        time.sleep(0.05)
-        assert len(events) == step, "an intent is not announced"
+        _looked_again(runtime, counting, turn_id)
+        assert len(events) == step, "an intent is not a finished step"
         started = time.monotonic()
         store.record_outcome(turn_id, epoch, step, {"message": {"content": f"s{step}"}})
         _until(lambda step=step: len(events) == step + 1, timeout=2.0)
@@ -94,12 +144,18 @@ def test_wait_for_turn_is_woken_by_the_end_not_a_poll(runtime: Runtime) -> None:
     """With a 30 s fallback poll, a waiter returns within a second of the turn's end."""
     turn_id, epoch = _claimed_turn(runtime)
     result: list[object] = []
-    thread = threading.Thread(
-        target=lambda: result.append(runtime.wait_for_turn(turn_id, 20, SLOW_POLL)), daemon=True
-    )
+    counting = CountingStore(runtime.journal)
+
+    def wait() -> None:
+        store: Any = counting
+        result.append(wait_until_finished(store, runtime.announcements, turn_id, 20, SLOW_POLL))
+
+    thread = threading.Thread(target=wait, daemon=True)
     thread.start()
-    _until(lambda: runtime.announcements.listening)
-    time.sleep(0.2)
+    # its second read is the one after it subscribed: from then on only an announcement (or
+    # the 30 s poll) wakes it
+    _until(lambda: counting.turn_reads >= 2)
+    assert result == []
     ended = time.monotonic()
     runtime.leases.fail(turn_id, epoch, "no luck")
     thread.join(timeout=5)
@@ -179,10 +235,11 @@ def test_a_step_written_with_a_never_intent_is_announced(runtime: Runtime) -> No
     turn_id, epoch = _claimed_turn(runtime)
     journal = runtime.journal.for_claim(turn_id, epoch, empty=True)
     events: list[TurnEvent] = []
-    thread = _collect(runtime.stream_turn(turn_id, poll_seconds=SLOW_POLL), events)
+    counting, stream = _watch(runtime, turn_id)
+    thread = _collect(stream, events)
     journal.insert_intent(0, "model", "llm", {}, "safe")
     journal.record_outcome(0, {"message": {"content": "call send_email"}})  # held back
-    time.sleep(0.05)
+    _looked_again(runtime, counting, turn_id)
     assert events == []
     journal.insert_intent(1, "tool", "send_email", {"to": "a"}, "never")  # carries step 0
 
@@ -204,11 +261,16 @@ def test_a_never_outcome_is_announced_with_the_next_write(
         listener.execute("LISTEN durable_agent")
 
         def told() -> list[str]:
-            return [
-                n.payload.split()[1]
-                for n in listener.notifies(timeout=0.3)
-                if n.payload.startswith("step ")
-            ]
+            """The steps announced so far: read up to a marker sent now, which arrives
+            after every announcement committed before it."""
+            listener.execute("SELECT pg_notify('durable_agent', 'marker')")
+            steps: list[str] = []
+            for notice in listener.notifies(timeout=5.0):
+                if notice.payload == "marker":
+                    return steps
+                if notice.payload.startswith("step "):
+                    steps.append(notice.payload.split()[1])
+            raise AssertionError(f"the marker never came back (read {steps})")
 
         journal.insert_intent(0, "tool", "send_email", {"to": "a"}, "never")
         journal.record_outcome(0, {"content": "sent"})

@@ -9,7 +9,6 @@ import psycopg
 import pytest
 import redis
 
-import durable_agent.delivery.sweeper as sweeper_module
 from durable_agent.journal import Claim, JournalStore, Leases
 from durable_agent.runtime import Runtime, runtime_for
 from durable_agent.settings import Settings
@@ -136,22 +135,23 @@ def test_two_sweepers_at_once_only_one_does_the_pass(
     for turn in turns:
         _backdate(pg, turn.turn_id)
 
-    real_send = sweeper_module.send
     inside = threading.Event()
     other_done = threading.Event()
+    one, other = Runtime(settings), Runtime(settings)  # each with its own connections
+    slowed = one.sweeper()
+    real_publish = slowed.publish
 
-    def slow_send(*args: Any, **kwargs: Any) -> None:
+    def slow_publish(*args: Any, **kwargs: Any) -> None:
         inside.set()
         other_done.wait(timeout=30)
-        real_send(*args, **kwargs)
+        real_publish(*args, **kwargs)
 
-    monkeypatch.setattr(sweeper_module, "send", slow_send)
+    monkeypatch.setattr(slowed, "publish", slow_publish)
     first_result: list[list[tuple[str, str, str]]] = []
-    one, other = Runtime(settings), Runtime(settings)  # each with its own connections
-    first = threading.Thread(target=lambda: first_result.append(one.sweeper().sweep_once()))
+    first = threading.Thread(target=lambda: first_result.append(slowed.sweep_once()))
     first.start()
     try:
-        assert inside.wait(timeout=30), "the first sweeper never reached send()"
+        assert inside.wait(timeout=30), "the first sweeper never reached publish()"
         second_result = other.sweeper().sweep_once()
     finally:
         other_done.set()

@@ -17,6 +17,7 @@ from inprocess import CrashAt, SimulatedCrash
 from durable_agent.delivery.turn_worker import Delivery, TurnWorker
 from durable_agent.journal import Claim, JournalStore, Leases
 from durable_agent.journal.records import Step
+from durable_agent.operate.spend import spend_of_turns
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
 from durable_agent.step.faults import CrashPoint
@@ -60,7 +61,7 @@ def make_worker(
     def make(crash: tuple[int, CrashPoint] | None = None, **overrides: Any) -> TurnWorker:
         runtime = Runtime(worker_settings.model_copy(update=overrides), tools=tools)
         runtimes.append(runtime)
-        return TurnWorker(runtime, faults=CrashAt(crash))
+        return runtime.build_turn_worker(faults=CrashAt(crash))
 
     yield make
     for runtime in runtimes:
@@ -283,8 +284,7 @@ def test_model_failing_with_500_defers_the_turn_and_keeps_its_journal(
     assert [s.status for s in _journal(store, turn.turn_id)] == ["done"] * 5
     assert inbox.count == 1
     # the spend ledger: the failed call is noted as not billed, so its rerun is no crash waste
-    spend = worker.runtime.get_turn(turn.turn_id).spend
-    assert spend is not None
+    spend = spend_of_turns(store, {}, [turn.turn_id])[turn.turn_id]
     assert (spend.billed.calls, spend.crash_waste.calls, spend.failed_calls) == (3, 0, 1)
 
 

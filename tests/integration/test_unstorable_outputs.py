@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from durable_agent import tool
-from durable_agent.delivery.turn_worker import TurnWorker
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
 from durable_agent.step.tools import ToolRegistry
@@ -82,7 +81,7 @@ def _run(settings: Settings, policy: Any) -> tuple[Runtime, str, Any]:
             tools=ToolRegistry([send, raise_nul]),
         )
         turn = runtime.journal.create_turn("s", "go")
-        delivery = TurnWorker(runtime).handle(turn.turn_id)
+        delivery = runtime.build_turn_worker().handle(turn.turn_id)
     return runtime, turn.turn_id, delivery
 
 

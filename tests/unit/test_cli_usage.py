@@ -278,7 +278,7 @@ def test_bad_settings_are_one_error_line(cli: Cli, name: str, value: str, says: 
 
 def test_every_worker_gets_a_node_name_of_its_own() -> None:
     """Three `durable-agent worker` on one host were celery@vm three times (one in Flower)."""
-    from durable_agent.cli import worker_argv
+    from durable_agent.cli.service import worker_argv
 
     argv = worker_argv(["turns"], "INFO", ["--concurrency", "4"])
     name = argv[argv.index("--hostname") + 1]

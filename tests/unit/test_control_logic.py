@@ -11,7 +11,7 @@ import pytest
 
 from durable_agent import ConfigurationError, InvalidArgument, Settings, tool
 from durable_agent.errors import ReplayDiverged, ToolDefinitionError, TurnParked
-from durable_agent.journal.operator_store import Approval
+from durable_agent.journal import Approval
 from durable_agent.operate.approvals import Gate
 from durable_agent.operate.cancel import check_note
 from durable_agent.operate.retention import parse_age

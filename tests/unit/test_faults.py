@@ -1,10 +1,16 @@
-"""Unit tests of the named crash points (CRASH_AT)."""
+"""Unit tests of the named crash points (CRASH_AT).
+
+The points checked in this process are given an ``exit`` double that raises: a point that
+fired by mistake fails its test instead of ending the test run with ``os._exit``. The real
+exit is checked in subprocesses.
+"""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
+from typing import NoReturn
 
 import pytest
 
@@ -48,13 +54,39 @@ def test_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Faults.from_env().armed is None
 
 
+class Fired(Exception):
+    """What the exit double raises: the crash point fired."""
+
+
+def exit_double(what: str) -> NoReturn:
+    raise Fired(what)
+
+
 def test_unarmed_and_other_points_are_inert() -> None:
     """maybe_crash returns normally when unarmed or at any other step or point."""
-    Faults().maybe_crash(0, "before_run")
-    armed = Faults((2, "after_run"))
+    Faults(exit=exit_double).maybe_crash(0, "before_run")
+    Faults(exit=exit_double).maybe_crash_before_claim()
+    armed = Faults((2, "after_run"), exit=exit_double)
     armed.maybe_crash(2, "before_run")
     armed.maybe_crash(1, "after_run")
     armed.maybe_crash(3, "after_run")
+    armed.maybe_crash_before_claim()
+
+
+def test_the_armed_point_calls_exit_with_what_fired() -> None:
+    """In this process, with the double: the armed point (and only it) calls ``exit``."""
+    armed = Faults((2, "after_run"), exit=exit_double)
+    with pytest.raises(Fired, match=r"CRASH_AT=2:after_run reached at step 2"):
+        armed.maybe_crash(2, "after_run")
+    with pytest.raises(Fired, match="delivery:before_claim"):
+        Faults(parse("delivery:before_claim"), exit=exit_double).maybe_crash_before_claim()
+
+
+def test_the_default_exit_ends_the_process() -> None:
+    """Without a double, a fired point calls the module's exit (``os._exit(1)``)."""
+    from durable_agent.step import faults as module
+
+    assert Faults().exit is module._exit
 
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:
@@ -93,7 +125,7 @@ def test_armed_point_exits_with_code_1_right_there() -> None:
 
 def test_tool_name_target_is_inert_for_other_tools() -> None:
     """A point armed for a tool name ignores other tools, and the step number alone."""
-    armed = Faults(("send_email", "before_run"))
+    armed = Faults(("send_email", "before_run"), exit=exit_double)
     armed.maybe_crash(0, "before_run")
     armed.maybe_crash(0, "before_run", "lookup_note")
     armed.maybe_crash(0, "after_run", "send_email")

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from durable_agent import ConfigurationError, Settings
-from durable_agent.operate.spend import Price, Spend, Tokens, _fold, parse_prices, total
+from durable_agent.journal import Price, Spend, Tokens, parse_prices
+from durable_agent.operate.spend import _fold, total
 from durable_agent.settings import load_settings
 
 

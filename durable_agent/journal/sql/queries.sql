@@ -203,12 +203,6 @@ FROM turns AS t
 WHERE t.turn_id = :turn_id AND t.lease_epoch = :epoch AND t.status = 'running'
   AND j.turn_id = t.turn_id AND j.kind = 'model' AND j.status = 'intent';
 
--- name: insert_step_unfenced
--- The two-workers eval only: a stale worker's intent without the epoch fence, to show that
--- the primary key (turn_id, step) rejects it too.
-INSERT INTO journal (turn_id, step, kind, name, input, replay, status, epoch)
-VALUES (:turn_id, :step, 'model', 'llm', '{}', 'safe', 'intent', :epoch);
-
 -- name: put_blob
 -- Before the step that refers to it (WAL order keeps it there whenever the step survives).
 -- A blob stored again is made young again, so prune (which spares young blobs) cannot
