@@ -79,7 +79,7 @@ class Settings(BaseSettings):
 
     blob_threshold_bytes: int = Field(default=16 * 1024, ge=256, le=64 * 1024 * 1024)
 
-    # operating it (control.py, uncertain.py, approvals.py)
+    # operating it (operate/cancel.py, uncertain.py, approvals.py)
     approval_required: str = Field(
         default="", description="comma-separated tools whose calls wait for a person's approval"
     )

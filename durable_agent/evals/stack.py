@@ -22,8 +22,7 @@ import redis
 from kombu.utils.url import maybe_sanitize_url
 
 from ..errors import ConfigurationError, DurableAgentError, ServiceUnavailable
-from ..journal import Database, Turn, migrate
-from ..journal.db import describe_url
+from ..journal import Database, Turn, describe_url, migrate
 from ..runtime import Runtime
 from ..settings import Settings
 from ..testing import POLICIES, PaymentsSandbox, ScriptedModelServer, SmtpInbox

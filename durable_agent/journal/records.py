@@ -24,7 +24,7 @@ class TurnStatus(StrEnum):
     WAITING = "waiting"  # parked until a person approves or denies a tool call; no claim
     DONE = "done"
     FAILED = "failed"
-    CANCELLED = "cancelled"  # stopped at a step boundary on request (see control.py)
+    CANCELLED = "cancelled"  # stopped at a step boundary on request (see operate/cancel.py)
 
 
 OPEN_STATUSES = frozenset({TurnStatus.QUEUED, TurnStatus.RUNNING, TurnStatus.WAITING})

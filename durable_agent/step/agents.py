@@ -36,12 +36,12 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError, InvalidArgument
-from ..journal.codec import digest
+from ..journal import digest
 from .loop import Loop, ModelCall, TurnContext, TurnInput, loop_name
 from .tools import Tool, ToolRegistry
 
 if TYPE_CHECKING:
-    from ..journal.records import Turn
+    from ..journal import Turn
     from ..settings import Settings
     from .runner import StepRunner
 

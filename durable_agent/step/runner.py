@@ -23,9 +23,7 @@ from typing import Any, Protocol
 import pydantic
 
 from ..errors import ReplayDiverged, StepLimitReached
-from ..journal.codec import ListDigest, digest, dumps, jsonb_order, storable
-from ..journal.protocol import TurnJournal
-from ..journal.records import Replay, Step
+from ..journal import ListDigest, Replay, Step, TurnJournal, digest, dumps, jsonb_order, storable
 from ..redact import redact
 from .call_context import CallContext, bind_call
 from .faults import Faults

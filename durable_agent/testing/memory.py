@@ -22,8 +22,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from ..errors import LeaseLost
-from ..journal.codec import dumps, jsonb_order
-from ..journal.records import Kind, Replay, Step, StepStatus
+from ..journal import Kind, Replay, Step, StepStatus, dumps, jsonb_order
 
 
 @dataclass(frozen=True)

@@ -422,7 +422,7 @@ WHERE status IN ('queued', 'running') AND received_by LIKE :pattern
   AND received_message_id = message_id;
 
 -- ---------------------------------------------------------------------------------------
--- operating it: cancel, prune, the uncertain-effects inbox, approvals (journal/control.py)
+-- operating it: cancel, prune, the uncertain-effects inbox, approvals (journal/operator_store.py)
 -- ---------------------------------------------------------------------------------------
 
 -- name: request_cancel
