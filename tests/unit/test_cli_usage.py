@@ -230,6 +230,7 @@ BAD_UTF8 = os.fsdecode(b"turn-\xff\xfe")  # what Python makes of invalid UTF-8 i
         ["journal", BAD_UTF8],
         ["wait", BAD_UTF8, "--timeout", "0"],
         ["replay", BAD_UTF8],
+        ["eval", "replay", BAD_UTF8],  # the same command under its older name
         ["turns", "--session", BAD_UTF8],
         ["submit", "--session", BAD_UTF8, "hello"],
         ["submit", "--session", "s", BAD_UTF8],
