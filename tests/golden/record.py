@@ -19,15 +19,15 @@ import sys
 import threading
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
-from durable_agent.faults import CrashPoint, Faults
 
 from durable_agent.delivery.turn_worker import TurnWorker
 from durable_agent.journal import migrate
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
+from durable_agent.step.faults import CrashPoint, Faults
 from durable_agent.testing import (
     PaymentsSandbox,
     ScriptedModelServer,
@@ -47,17 +47,15 @@ class _Crash(BaseException):
     pass
 
 
-class _CrashAt(Faults):
-    def maybe_crash(self, step: int, point: CrashPoint, name: str = "") -> None:
-        if self.armed is not None and self.armed[1] == point and self.armed[0] in (step, name):
-            raise _Crash(f"{step}:{point}")
+def _crash(what: str) -> NoReturn:
+    raise _Crash(what)
 
 
 def _run(runtime: Runtime, turn_id: str, crash: tuple[int | str, CrashPoint] | None) -> None:
     """Run the turn; with a crash point, die there on another thread (another lease owner)
     and let a fresh worker finish the turn once the dead one's claim is ended."""
     if crash is not None:
-        doomed = runtime.build_turn_worker(faults=_CrashAt(crash))
+        doomed = runtime.build_turn_worker(faults=Faults(crash, exit=_crash))
         thread = threading.Thread(target=lambda: _swallow(doomed, turn_id))
         thread.start()
         thread.join()
