@@ -46,7 +46,8 @@ def wait_for_turn(
     poll_seconds: float = DEFAULT_POLL_SECONDS,
     settings: Settings | None = None,
 ) -> Turn:
-    """Wait until the turn is done or failed; raises TimeoutError after ``timeout`` seconds.
+    """Wait until the turn ends (done, failed or cancelled); raises TimeoutError after
+    ``timeout`` seconds (a turn waiting for an approval has not ended: the error says so).
 
     It wakes when Postgres announces the turn's end (LISTEN/NOTIFY); ``poll_seconds`` is how
     often it reads anyway, so a lost announcement costs latency, never a hang."""
