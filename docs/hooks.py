@@ -290,8 +290,8 @@ def bench_results() -> dict[str, Any]:
         results: dict[str, Any] = json.loads(BENCH_RESULTS.read_text())
     except FileNotFoundError:
         raise GenerationError(
-            f"{BENCH_RESULTS.relative_to(ROOT)} is missing: run "
-            "`python -m bench --json docs/bench-results.json` (make bench-quick, then copy)"
+            f"{BENCH_RESULTS.relative_to(ROOT)} is missing: run `make bench` (or `python -m "
+            "bench --quick --json docs/bench-results.json` for a quick run)"
         ) from None
     return results
 

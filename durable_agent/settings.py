@@ -155,7 +155,8 @@ class Settings(BaseSettings):
         description="a Celery task name: each new uncertain effect is sent to it as JSON",
     )
     uncertain_queue: str = Field(
-        default="", description="the queue of uncertain_task ('' : <queue>.uncertain)"
+        default="",
+        description="the queue DURABLE_AGENT_UNCERTAIN_TASK is sent to (empty: <queue>.uncertain)",
     )
     uncertain_callback: str = Field(
         default="", description="'module:function' called with each new uncertain effect"
