@@ -170,8 +170,6 @@ def cli_reference() -> str:
         if about:
             sentence = cell(about[0].upper() + about[1:])
             parts += [sentence if sentence.endswith(".") else sentence + ".", ""]
-        if words == "durable-agent worker":
-            parts += ["Arguments it does not know are passed on to the Celery worker.", ""]
         parts.append(_arguments_table(parser))
         sections.append("\n".join(parts))
     return "\n\n".join(sections) + "\n"

@@ -63,8 +63,8 @@ def stream_turn(
     settings: Settings | None = None,
 ) -> Generator[TurnEvent, None, None]:
     """Each finished step of the turn after ``after_step`` (-1: from the start), in order, as
-    it is recorded, then one ``end`` event (the turn done or failed, with its reply or
-    error). Resume from any step with ``after_step=<the last step you got>``: nothing is
+    it is recorded, then one ``end`` event (the turn done, failed or cancelled, with its
+    reply or error). Resume from any step with ``after_step=<the last step you got>``: nothing is
     skipped and nothing comes twice, also when another worker resumes the turn after a
     crash. TimeoutError after ``timeout`` seconds without the end (None: no limit)."""
     return runtime_for(settings).stream_turn(
