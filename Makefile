@@ -41,7 +41,7 @@ demo: install
 
 # the documentation site, into site/; --strict: a broken link or a missing reference fails
 docs: install
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # the figures of the docs' benchmarks page (docs/bench-results.json, committed)
 bench: install
