@@ -56,6 +56,38 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     return MARKER.sub(expand, markdown)
 
 
+# Files at the repository root that pages include (``--8<-- "ARCHITECTURE.md"``) link as
+# they must on GitHub, from the root: ``docs/guarantees.md``, ``README.md``. Included in a
+# page under docs/, those links would point nowhere; this rewrites them to the site's pages
+# after the snippets are in (the snippets preprocessor runs at priority 32).
+ROOT_LINK = re.compile(r"\]\((?:\./)?(docs/|README\.md|ARCHITECTURE\.md)")
+SITE_PAGE_OF = {"docs/": "", "README.md": "index.md", "ARCHITECTURE.md": "architecture.md"}
+
+
+def site_link(line: str) -> str:
+    """A line of an included root file with its root-relative links made site-relative."""
+    return ROOT_LINK.sub(lambda match: "](" + SITE_PAGE_OF[match.group(1)], line)
+
+
+def on_config(config: Any) -> Any:
+    """Add the Markdown preprocessor that makes included root files' links work here."""
+    from markdown import Markdown
+    from markdown.extensions import Extension
+    from markdown.preprocessors import Preprocessor
+
+    # Python-Markdown ships no type hints: its classes are Any to mypy
+    class RootLinks(Preprocessor):  # type: ignore[misc]
+        def run(self, lines: list[str]) -> list[str]:
+            return [site_link(line) for line in lines]
+
+    class RootLinksExtension(Extension):  # type: ignore[misc]
+        def extendMarkdown(self, md: Markdown) -> None:
+            md.preprocessors.register(RootLinks(md), "root_links", 31)
+
+    config.markdown_extensions.append(RootLinksExtension())
+    return config
+
+
 # -- shared ----------------------------------------------------------------------------------
 
 

@@ -127,3 +127,15 @@ def test_every_marker_in_the_docs_names_a_generator(hooks: ModuleType) -> None:
     for page in (ROOT / "docs").rglob("*.md"):
         for name in hooks.MARKER.findall(page.read_text()):
             assert name in hooks.GENERATORS, f"{page.relative_to(ROOT)}: unknown marker {name}"
+
+
+def test_links_of_an_included_root_file_point_at_the_site_pages(hooks: ModuleType) -> None:
+    line = (
+        "See [the sweeper](docs/guarantees.md#the-sweeper), [README](./README.md), "
+        "[x](ARCHITECTURE.md)."
+    )
+    assert hooks.site_link(line) == (
+        "See [the sweeper](guarantees.md#the-sweeper), [README](index.md), [x](architecture.md)."
+    )
+    untouched = "[a test](tests/unit/test_docs_site.py) and [docs](https://example.org/docs/x)"
+    assert hooks.site_link(untouched) == untouched
