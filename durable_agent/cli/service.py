@@ -117,7 +117,7 @@ def register(add: Add) -> None:
     add("migrate", cmd_migrate, "create or upgrade the tables (safe to run concurrently)")
 
     worker = add("worker", cmd_worker, "run a Celery worker for turns (extra args go to Celery)")
-    worker.add_argument("--loglevel", default="INFO")
+    worker.add_argument("--loglevel", default="INFO", help="Celery's log level")
     worker.add_argument(
         "--agent",
         action="append",

@@ -312,8 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="STEP:POINT",
         help="crash only there (repeatable), e.g. 3:after_run or send_email:after_run",
     )
-    matrix.add_argument("--lease-seconds", type=float, default=2.0)
-    matrix.add_argument("--sweep-interval", type=float, default=0.5)
+    matrix.add_argument(
+        "--lease-seconds", type=float, default=2.0, help="the workers' lease (default 2)"
+    )
+    matrix.add_argument(
+        "--sweep-interval", type=float, default=0.5, help="seconds between sweeps (default 0.5)"
+    )
     matrix.add_argument("--data-dir", help="where embedded servers keep data (if needed)")
 
     two = kinds.add_parser(
@@ -327,9 +331,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the workers' Celery pool (prefork: a crash kills the pool child)",
     )
     two.set_defaults(func=cmd_two_workers)
-    two.add_argument("--lease-seconds", type=float, default=5.0)
-    two.add_argument("--json", metavar="PATH")
-    two.add_argument("--data-dir")
+    two.add_argument(
+        "--lease-seconds", type=float, default=5.0, help="the workers' lease (default 5)"
+    )
+    two.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    two.add_argument("--data-dir", help="where embedded servers keep data (if needed)")
 
     heed = kinds.add_parser(
         "heed-note",
@@ -342,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the workers' Celery pool (prefork: a crash kills the pool child)",
     )
     heed.set_defaults(func=cmd_heed_note)
-    heed.add_argument("--runs", type=int, default=20)
+    heed.add_argument("--runs", type=int, default=20, help="how many turns to interrupt")
     heed.add_argument(
         "--policy",
         default="refund",
@@ -352,8 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     heed.add_argument(
         "--scripted", action="store_true", help="use the scripted model even if OPENAI_* is set"
     )
-    heed.add_argument("--json", metavar="PATH")
-    heed.add_argument("--data-dir")
+    heed.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    heed.add_argument("--data-dir", help="where embedded servers keep data (if needed)")
     return parser
 
 

@@ -19,10 +19,10 @@ Costs come from an optional price table, ``DURABLE_AGENT_PRICES`` (USD per milli
 and completion tokens, by the model name sent in the request); without a price for every
 model involved, a cost is ``None``.
 
-Groupings: ``turn``, ``agent`` (the agent the turn belongs to) and ``day`` (the UTC day of
-the call); a new one is one more entry of :data:`GROUPINGS` and one more branch of the
-``spend`` query's ``CASE :by``. The ledger's records (:class:`~durable_agent.journal.Spend`,
-``Tokens``, ``Price``) are in :mod:`durable_agent.journal.ledger`.
+Groupings (:data:`GROUPINGS`): ``turn``, ``agent`` (the agent each turn belongs to) and
+``day`` (the UTC day of the call); each is a branch of the ``spend`` query's ``CASE :by``.
+The ledger's records (:class:`~durable_agent.journal.Spend`, ``Tokens``, ``Price``) are in
+:mod:`durable_agent.journal.ledger`.
 """
 
 from __future__ import annotations
