@@ -161,7 +161,6 @@ blobs = Table(
     _timestamp("created_at", nullable=False, now=True),
 )
 
-_CASCADE = {"ondelete": "CASCADE"}
 
 journal = Table(
     "journal",
@@ -192,7 +191,9 @@ journal = Table(
         comment="model calls of this step that failed at the API (not billed) before one succeeded",
     ),
     PrimaryKeyConstraint("turn_id", "step", name="journal_pkey"),
-    ForeignKeyConstraint(["turn_id"], ["turns.turn_id"], name="journal_turn_id_fkey", **_CASCADE),
+    ForeignKeyConstraint(
+        ["turn_id"], ["turns.turn_id"], name="journal_turn_id_fkey", ondelete="CASCADE"
+    ),
     ForeignKeyConstraint(["output_blob"], ["blobs.sha256"], name="journal_output_blob_fkey"),
     CheckConstraint("step >= 0", name="journal_step_check"),
     CheckConstraint("kind IN ('model', 'tool')", name="journal_kind_check"),
@@ -220,7 +221,7 @@ cancellations = Table(
     _text("reason"),
     _timestamp("requested_at", nullable=False, now=True),
     ForeignKeyConstraint(
-        ["turn_id"], ["turns.turn_id"], name="cancellations_turn_id_fkey", **_CASCADE
+        ["turn_id"], ["turns.turn_id"], name="cancellations_turn_id_fkey", ondelete="CASCADE"
     ),
 )
 
@@ -238,7 +239,9 @@ approvals = Table(
     _text("decided_by"),
     _timestamp("decided_at"),
     PrimaryKeyConstraint("turn_id", "step", name="approvals_pkey"),
-    ForeignKeyConstraint(["turn_id"], ["turns.turn_id"], name="approvals_turn_id_fkey", **_CASCADE),
+    ForeignKeyConstraint(
+        ["turn_id"], ["turns.turn_id"], name="approvals_turn_id_fkey", ondelete="CASCADE"
+    ),
     CheckConstraint("decision IN ('approved', 'denied')", name="approvals_decision_check"),
 )
 
@@ -256,7 +259,7 @@ resolutions = Table(
         ["turn_id", "step"],
         ["journal.turn_id", "journal.step"],
         name="resolutions_turn_id_step_fkey",
-        **_CASCADE,
+        ondelete="CASCADE",
     ),
     CheckConstraint(
         "verdict IN ('happened', 'not_happened', 'ignored')", name="resolutions_verdict_check"
@@ -280,7 +283,7 @@ uncertain_notices = Table(
         ["turn_id", "step"],
         ["journal.turn_id", "journal.step"],
         name="uncertain_notices_turn_id_step_fkey",
-        **_CASCADE,
+        ondelete="CASCADE",
     ),
 )
 
