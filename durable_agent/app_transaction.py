@@ -115,7 +115,6 @@ def _lend(connection: object) -> _Lent:
         raise InvalidArgument(_NOT_ASYNC)
     if _from_sqlalchemy(connection):
         from sqlalchemy.engine import Connection as SAConnection
-        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
         from sqlalchemy.orm import Session, scoped_session
 
         if isinstance(connection, scoped_session):
@@ -124,7 +123,7 @@ def _lend(connection: object) -> _Lent:
             return _LentSession(connection)
         if isinstance(connection, SAConnection):
             return _LentConnection(connection)
-        if isinstance(connection, AsyncConnection | AsyncSession):
+        if _from_sqlalchemy(connection, "sqlalchemy.ext.asyncio"):
             raise InvalidArgument(_NOT_ASYNC)
     raise InvalidArgument(
         "connection= takes a SQLAlchemy Session or Connection, or a psycopg 3 Connection, "
@@ -138,8 +137,12 @@ _NOT_ASYNC = (
 )
 
 
-def _from_sqlalchemy(value: object) -> bool:
-    return any(c.__module__.partition(".")[0] == "sqlalchemy" for c in type(value).__mro__)
+def _from_sqlalchemy(value: object, package: str = "sqlalchemy") -> bool:
+    """Whether ``value`` is an object of (a subclass of) a class of ``package``."""
+    return any(
+        c.__module__ == package or c.__module__.startswith(package + ".")
+        for c in type(value).__mro__
+    )
 
 
 def _driver_connection(connection: SAConnection) -> psycopg.Connection[Any]:
@@ -179,6 +182,8 @@ class _LentSession(_Lent):
         if _PENDING not in session.info:
             session.info[_PENDING] = []
             _listen_to(session)
+        if any(d.turn_id == doorbell.turn_id for _, d in session.info[_PENDING]):
+            return  # the same turn started twice in this transaction: one message
         recorded_in = session.get_nested_transaction() or session.get_transaction()
         session.info[_PENDING].append((_chain(recorded_in), doorbell))
 
@@ -233,7 +238,8 @@ class _LentConnection(_Lent):
         if _PENDING not in connection.info:
             connection.info[_PENDING] = []
             _watch_commits(connection)
-        connection.info[_PENDING].append(doorbell)
+        if all(d.turn_id != doorbell.turn_id for d in connection.info[_PENDING]):
+            connection.info[_PENDING].append(doorbell)
 
 
 def _watch_commits(connection: SAConnection) -> None:

@@ -21,7 +21,7 @@ from alembic.config import Config
 from durable_agent.journal import Database, require_current
 from durable_agent.schema import TABLES
 
-MODELS = '''
+MODELS = """
 from sqlalchemy import Integer, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -34,9 +34,9 @@ class Order(Base):
     __tablename__ = "orders"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     item: Mapped[str] = mapped_column(Text)
-'''
+"""
 
-ENV = '''
+ENV = """
 from alembic import context
 from sqlalchemy import create_engine
 
@@ -60,7 +60,7 @@ with engine.connect() as connection:
     with context.begin_transaction():
         context.run_migrations()
 engine.dispose()
-'''
+"""
 
 FIRST_REVISION = '''
 """orders, and durable-agent's tables"""
