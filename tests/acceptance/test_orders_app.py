@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 import redis
+from durable_agent_examples.orders_app import create_app
 from fastapi.testclient import TestClient
 
-from durable_agent_examples.orders_app import create_app
 from durable_agent.journal import TurnStatus
 from durable_agent.testing.harness import queued_turns, settings_env
 
