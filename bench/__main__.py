@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from durable_agent.console import out
+from durable_agent.cli.console import out
 
 from . import machine
 

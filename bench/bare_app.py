@@ -21,7 +21,7 @@ import redis
 from celery import Celery
 
 from durable_agent.settings import Settings
-from durable_agent.tools import load_tools
+from durable_agent.step.tools import load_tools
 
 settings = Settings()
 app = Celery("bench_bare", set_as_current=False)

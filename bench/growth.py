@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from rich.table import Table
 
-from durable_agent.console import out
+from durable_agent.cli.console import out
 from durable_agent.journal import Claim, Database, JournalStore, Leases
 
 from . import Stopwatch, scratch_database, spread

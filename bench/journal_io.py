@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from rich.table import Table
 
-from durable_agent.console import out
+from durable_agent.cli.console import out
 from durable_agent.journal import Claim, Database, JournalStore, Leases
 
 from . import Comparison, Stopwatch, interleaved, scratch_database, spread

@@ -57,7 +57,7 @@ except ImportError:
 import psycopg
 from rich.table import Table
 
-from durable_agent.console import out
+from durable_agent.cli.console import out
 from durable_agent.journal import Database, JournalStore, Leases
 
 from . import machine, scratch_database, spread

@@ -32,7 +32,7 @@ import redis
 from rich.table import Table
 
 from durable_agent import start_turn
-from durable_agent.console import out
+from durable_agent.cli.console import out
 from durable_agent.journal import Database, JournalStore, Turn
 from durable_agent.runtime import runtime_for
 from durable_agent.settings import Settings

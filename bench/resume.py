@@ -17,12 +17,12 @@ from typing import Any
 import psycopg
 from rich.table import Table
 
-from durable_agent.agent import initial_messages, run_agent
-from durable_agent.console import out
+from durable_agent.cli.console import out
 from durable_agent.journal import Claim, Database, JournalStore, Leases
-from durable_agent.runner import StepRunner
+from durable_agent.step.chat import initial_messages, run_agent
+from durable_agent.step.runner import StepRunner
+from durable_agent.step.tools import ToolRegistry, tool
 from durable_agent.testing import ClaimHeld, MemoryJournal
-from durable_agent.tools import ToolRegistry, tool
 
 from . import Stopwatch, interleaved, scratch_database, spread
 

@@ -30,7 +30,7 @@ import psycopg
 import redis
 from rich.table import Table
 
-from durable_agent.console import out
+from durable_agent.cli.console import out
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
 from durable_agent.testing import ScriptedModelServer, SmtpInbox, email_policy

@@ -5,9 +5,7 @@ turn reads finished calls back instead of running them again, and every tool car
 required replay label: ``safe`` (may run again) or ``never`` (never runs twice).
 """
 
-from .agents import Agent
 from .client import get_turn, start_turn, stream_turn, wait_for_turn
-from .context import CallContext, current_call, still_claimed
 from .errors import (
     ConfigurationError,
     DurableAgentError,
@@ -22,8 +20,7 @@ from .errors import (
     TurnNotFound,
 )
 from .journal import Step, Turn, TurnStatus
-from .live import TurnEvent
-from .loop import Loop, TurnContext
+from .operate.live import TurnEvent
 from .ops import (
     approve,
     cancel_turn,
@@ -35,7 +32,10 @@ from .ops import (
 )
 from .runtime import Runtime, runtime_for
 from .settings import Settings
-from .tools import Tool, tool
+from .step.agents import Agent
+from .step.call_context import CallContext, current_call, still_claimed
+from .step.loop import Loop, TurnContext
+from .step.tools import Tool, tool
 
 __all__ = [
     "Agent",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Generator
 
 from .journal import Turn
-from .live import DEFAULT_POLL_SECONDS, TurnEvent
+from .operate.live import DEFAULT_POLL_SECONDS, TurnEvent
 from .runtime import runtime_for
 from .settings import Settings
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from . import approvals, control, retention, uncertain
-from .control import CancelResult
-from .journal.control import Approval, PruneCount
+from .journal.operator_store import Approval, PruneCount
+from .operate import approvals, retention, uncertain
+from .operate import cancel as control
+from .operate.cancel import CancelResult
+from .operate.uncertain import UncertainEffect, Verdict
 from .runtime import runtime_for
 from .settings import Settings
-from .uncertain import UncertainEffect, Verdict
 
 
 def cancel_turn(

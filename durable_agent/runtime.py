@@ -25,25 +25,25 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .errors import ConfigurationError, InvalidArgument, ServiceUnavailable
 from .inputs import check_id, check_message
 from .journal import Database, JournalStore, Leases, Turn, TurnStatus, require_current
-from .live import (
+from .operate.live import (
     DEFAULT_POLL_SECONDS,
     Announcements,
     TurnEvent,
     stream_turn,
     wait_until_finished,
 )
+from .operate.spend import Spend, check_grouping, spend_of_turns, spend_report
 from .settings import Settings, load_settings
-from .spend import Spend, check_grouping, spend_of_turns, spend_report
-from .tools import ToolRegistry, import_module, load_tools
+from .step.tools import ToolRegistry, import_module, load_tools
 
 if TYPE_CHECKING:
     from celery import Celery
 
-    from .agents import AgentBook
-    from .model import ModelClient
-    from .outage import Outage
-    from .sweeper import Sweeper
-    from .worker import TurnWorker
+    from .delivery.outage import Outage
+    from .delivery.sweeper import Sweeper
+    from .delivery.turn_worker import TurnWorker
+    from .step.agents import AgentBook
+    from .step.model import ModelClient
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +134,8 @@ class Runtime:
         return self._part("agents", self._load_agents)
 
     def _load_agents(self) -> AgentBook:
-        from .agent import chat_completions
-        from .agents import DEFAULT_AGENT, Agent, AgentBook, bind, find_agents
+        from .step.agents import DEFAULT_AGENT, Agent, AgentBook, bind, find_agents
+        from .step.chat import chat_completions
 
         registry = self.tools
         defined = find_agents(import_module(name) for name in self._modules())
@@ -152,32 +152,32 @@ class Runtime:
 
     @property
     def model(self) -> ModelClient:
-        from .model import ModelClient
+        from .step.model import ModelClient
 
         return self._part("model", lambda: ModelClient(self.settings))
 
     @property
     def celery(self) -> Celery:
         """The Celery app of this runtime, with durable-agent's tasks registered on it."""
-        from .celery_app import create_app
+        from .delivery.celery_app import create_app
 
         return self._part("celery", lambda: create_app(self))
 
     @property
     def outage(self) -> Outage:
         """This process's view of Postgres outages (one log line as one starts and ends)."""
-        from .outage import Outage
+        from .delivery.outage import Outage
 
         return self._part("outage", lambda: Outage(lambda: self.database.value("ping")))
 
     def turn_worker(self) -> TurnWorker:
         """What runs deliveries in this process (tools imported, model client built)."""
-        from .worker import TurnWorker
+        from .delivery.turn_worker import TurnWorker
 
         return self._part("turn_worker", lambda: TurnWorker(self))
 
     def sweeper(self) -> Sweeper:
-        from .sweeper import Sweeper
+        from .delivery.sweeper import Sweeper
 
         return self._part("sweeper", lambda: Sweeper(self))
 
@@ -194,7 +194,7 @@ class Runtime:
         the model endpoint configured.
         """
         self.require_schema()
-        from .uncertain import hooks
+        from .operate.uncertain import hooks
 
         hooks(self)  # a DURABLE_AGENT_UNCERTAIN_CALLBACK that cannot be imported stops here
         self.turn_worker()
@@ -217,7 +217,7 @@ class Runtime:
     def enqueue(self, session_id: str, turn_id: str, queue: str = "") -> None:
         """Send ``run_turn(session_id, turn_id)`` to the turn's queue (``""``: this
         runtime's), having noted first which message is the turn's latest."""
-        from .queue import new_message_id, send
+        from .delivery.doorbell import new_message_id, send
 
         message_id = new_message_id()
         self.journal.mark_sent([turn_id], [message_id])
@@ -273,7 +273,7 @@ class Runtime:
     def agent_queue(self, agent: str | None) -> tuple[str, str]:
         """(name, queue) of the agent a new turn belongs to; ``default`` (None) needs no
         module loaded: its queue is ``DURABLE_AGENT_QUEUE``."""
-        from .agents import DEFAULT_AGENT, check_agent_name
+        from .step.agents import DEFAULT_AGENT, check_agent_name
 
         if agent is None or agent == DEFAULT_AGENT:
             return DEFAULT_AGENT, self.settings.queue
@@ -333,7 +333,7 @@ class Runtime:
         poll_seconds: float = DEFAULT_POLL_SECONDS,
     ) -> Generator[TurnEvent, None, None]:
         """Each finished step after ``after_step`` as it is recorded, then the end (see
-        :func:`durable_agent.live.stream_turn`)."""
+        :func:`durable_agent.operate.live.stream_turn`)."""
         return stream_turn(
             self, turn_id, after_step=after_step, timeout=timeout, poll_seconds=poll_seconds
         )

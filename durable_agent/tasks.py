@@ -13,9 +13,9 @@ from pathlib import Path
 
 from celery import Celery, Task
 
+from .delivery.celery_tasks import AGENT_TURN, RUN_TURN, SWEEP
 from .errors import ConfigurationError
 from .runtime import Runtime, runtime_for
-from .turn_tasks import AGENT_TURN, RUN_TURN, SWEEP
 
 
 def _started_by_celery() -> bool:

@@ -9,7 +9,7 @@ import json
 import logging
 import os
 
-from durable_agent.uncertain import UncertainEffect
+from durable_agent.operate.uncertain import UncertainEffect
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..console import err, out
+from ..cli.console import err, out
 from ..errors import DurableAgentError
 from ..journal.db import describe_url
 from ..settings import Settings
@@ -30,7 +30,7 @@ def _label(text: str) -> tuple[str, str]:
 
 def _point(text: str) -> tuple[int | str, str]:
     """An argparse type: STEP:POINT or TOOL:POINT, as CRASH_AT takes them."""
-    from ..faults import parse
+    from ..step.faults import parse
 
     try:
         parsed = parse(text)
@@ -144,7 +144,7 @@ def matrix_table(report: MatrixReport) -> Table:
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
-    from ..replay import replay_turn
+    from ..operate.replay import replay_turn
     from ..runtime import Runtime
 
     runtime = Runtime(settings)
@@ -239,7 +239,7 @@ def cmd_two_workers(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
-    from ..tables import journal_table
+    from ..cli.tables import journal_table
     from .demo import run_demo
 
     real = bool(settings.openai_base_url or settings.openai_api_key) and not args.scripted

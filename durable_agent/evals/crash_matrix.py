@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..faults import POINTS
 from ..journal import Step
 from ..settings import Settings
+from ..step.faults import POINTS
 from ..testing.scenario import Scenario
 from .stack import EvalStack, crash_and_recover
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..journal import Step
-from ..runner import POSSIBLY_RAN
+from ..step.runner import POSSIBLY_RAN
 from .stack import EvalStack, crash_and_recover
 
 MESSAGE = "Refund order A-1001 in full."

@@ -9,7 +9,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Self, cast
 
 if TYPE_CHECKING:
-    from ..spend import Spend
+    from ..operate.spend import Spend
 
 Kind = Literal["model", "tool"]
 Replay = Literal["safe", "never"]

@@ -15,9 +15,9 @@ import psycopg
 
 from ..errors import InvalidArgument, LeaseLost, TurnCancelled, TurnNotFound
 from .codec import digest, dumps
-from .control import ControlStore
 from .db import Database
 from .leases import announce
+from .operator_store import OperatorStore
 from .records import EncodedOutcome, Kind, Replay, Step, Turn
 
 
@@ -308,7 +308,7 @@ class JournalStore:
         if turn is None:
             return LeaseLost(f"turn {turn_id} no longer exists; {what} not written")
         if turn.lease_epoch == epoch and turn.status == "running":
-            cancel = ControlStore(self.db).find_cancellation(turn_id)
+            cancel = OperatorStore(self.db).find_cancellation(turn_id)
             if cancel is not None:  # the step boundary where a cancel stops the turn
                 return TurnCancelled(
                     f"turn {turn_id} cancelled by {cancel.requested_by}"

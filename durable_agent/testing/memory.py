@@ -1,7 +1,7 @@
 """A turn's journal in memory: the :class:`~durable_agent.journal.protocol.TurnJournal` of
 unit tests.
 
-Drive your own tools and loops through the real :class:`~durable_agent.runner.StepRunner`
+Drive your own tools and loops through the real :class:`~durable_agent.step.runner.StepRunner`
 with no database: write steps, read them back in a second runner as a redelivered worker
 would, take the claim away, or fail a write to act out a crash at exactly that point::
 

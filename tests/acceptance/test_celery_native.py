@@ -15,10 +15,10 @@ import pytest
 import redis
 
 from durable_agent import TurnNotFound, start_turn
+from durable_agent.delivery.celery_tasks import AGENT_TURN, RUN_TURN
 from durable_agent.runtime import Runtime, runtime_for
 from durable_agent.settings import Settings
 from durable_agent.testing.harness import settings_env, wait_until
-from durable_agent.turn_tasks import AGENT_TURN, RUN_TURN
 
 if TYPE_CHECKING:
     from conftest import Spawn, Stack

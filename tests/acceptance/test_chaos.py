@@ -39,9 +39,9 @@ from durable_agent import start_turn
 from durable_agent.embedded import EmbeddedServices, postgres_binaries, redis_server_binary
 from durable_agent.errors import ServiceUnavailable
 from durable_agent.journal import Database, JournalStore, Step, Turn, migrate
+from durable_agent.operate.spend import spend_of_turns, total
 from durable_agent.runtime import runtime_for
 from durable_agent.settings import Settings
-from durable_agent.spend import spend_of_turns, total
 from durable_agent.testing import ScriptedModelServer, SmtpInbox, email_policy
 from durable_agent.testing.harness import WorkerProcess, settings_env, wait_until
 

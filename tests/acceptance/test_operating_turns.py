@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from durable_agent import cancel_turn, start_turn
-from durable_agent.queue import send
+from durable_agent.delivery.doorbell import send
 from durable_agent.runtime import runtime_for
 from durable_agent.settings import Settings
 from durable_agent.testing.harness import settings_env, wait_until

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from durable_agent import start_turn, wait_for_turn
-from durable_agent.queue import send
+from durable_agent.delivery.doorbell import send
 from durable_agent.runtime import runtime_for
 from durable_agent.testing.harness import wait_until
 

@@ -123,7 +123,7 @@ def test_plan_then_act_loop_passes_the_crash_matrix(
     assert report.points[0].repeated_interrupted == 1  # the plan in flight ran once more
 
     # a turn of the loop replays from its journal alone, with the model switched off
-    from durable_agent.replay import replay_turn
+    from durable_agent.operate.replay import replay_turn
     from durable_agent.runtime import Runtime
 
     runtime = Runtime(

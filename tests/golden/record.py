@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-
 from durable_agent.faults import CrashPoint, Faults
+from durable_agent.worker import TurnWorker
+
 from durable_agent.journal import migrate
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
@@ -34,7 +35,6 @@ from durable_agent.testing import (
     email_policy,
     refund_policy,
 )
-from durable_agent.worker import TurnWorker
 
 HERE = Path(__file__).parent
 ADMIN_URL = os.environ.get(

@@ -6,8 +6,8 @@ import os
 import subprocess
 import sys
 
-from durable_agent.faults import CrashPoint, Faults
 from durable_agent.settings import Settings
+from durable_agent.step.faults import CrashPoint, Faults
 from durable_agent.testing.harness import settings_env
 
 

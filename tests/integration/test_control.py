@@ -26,15 +26,15 @@ from durable_agent import (
     list_uncertain,
     resolve_uncertain,
 )
+from durable_agent.delivery.turn_worker import TurnWorker
 from durable_agent.errors import InvalidArgument, TurnNotFound
-from durable_agent.faults import CrashPoint
 from durable_agent.journal import JournalStore
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
+from durable_agent.step.faults import CrashPoint
+from durable_agent.step.tools import ToolRegistry, load_tools
 from durable_agent.testing import ScriptedModelServer, SmtpInbox
 from durable_agent.testing.harness import forget_queue
-from durable_agent.tools import ToolRegistry, load_tools
-from durable_agent.worker import TurnWorker
 
 if TYPE_CHECKING:
     from conftest import DatabaseClock

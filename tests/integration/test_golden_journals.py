@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from durable_agent.replay import replay_turn
+from durable_agent.operate.replay import replay_turn
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
 
@@ -100,7 +100,7 @@ def test_a_recorded_turn_resumes_under_the_same_agent(path: Path, settings: Sett
     """The agent a turn recorded when it first ran (its digest: model, instructions, loop,
     tools) is the agent this code builds from the same settings, so a turn in flight across
     an upgrade is not reported as "resumed under a changed agent"."""
-    from durable_agent.agents import changes
+    from durable_agent.step.agents import changes
 
     recording = json.loads(path.read_text())
     runtime = Runtime(settings.model_copy(update=recording["settings"]))

@@ -327,9 +327,9 @@ def test_a_read_back_model_step_equals_the_live_one_down_to_the_order_of_its_key
     """A loop gets from ctx.model() the same object live and on replay, key order included
     (a loop that serialises it without sorting sends the same text either way): live
     values are put in jsonb's key order, and a read-back one is returned as Postgres gives it."""
-    from durable_agent.runner import StepRunner
+    from durable_agent.step.runner import StepRunner
+    from durable_agent.step.tools import ToolRegistry
     from durable_agent.testing import ClaimHeld
-    from durable_agent.tools import ToolRegistry
 
     def keys(value: Any) -> Any:
         if isinstance(value, dict):

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 import redis
 
-import durable_agent.sweeper as sweeper_module
+import durable_agent.delivery.sweeper as sweeper_module
 from durable_agent.journal import Claim, JournalStore, Leases
 from durable_agent.runtime import Runtime, runtime_for
 from durable_agent.settings import Settings

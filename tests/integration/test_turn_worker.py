@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from inprocess import CrashAt, SimulatedCrash
 
-from durable_agent.faults import CrashPoint
+from durable_agent.delivery.turn_worker import Delivery, TurnWorker
 from durable_agent.journal import Claim, JournalStore, Leases
 from durable_agent.journal.records import Step
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
+from durable_agent.step.faults import CrashPoint
+from durable_agent.step.tools import ToolRegistry, load_tools
 from durable_agent.testing import (
     ScriptedModelServer,
     SmtpInbox,
@@ -28,8 +30,6 @@ from durable_agent.testing import (
     reply,
     tool_call,
 )
-from durable_agent.tools import ToolRegistry, load_tools
-from durable_agent.worker import Delivery, TurnWorker
 
 if TYPE_CHECKING:
     from conftest import DatabaseClock

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from durable_agent import tool
+from durable_agent.delivery.turn_worker import TurnWorker
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
+from durable_agent.step.tools import ToolRegistry
 from durable_agent.testing import ScriptedModelServer, call_tool, reply
-from durable_agent.tools import ToolRegistry
-from durable_agent.worker import TurnWorker
 
 effects: list[str] = []
 

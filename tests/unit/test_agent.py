@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 from durable_agent import StepLimitReached, TurnFailed, tool
-from durable_agent.agent import initial_messages, run_agent
 from durable_agent.journal.codec import digest
 from durable_agent.journal.records import Step
-from durable_agent.model import ModelSwitchedOff
-from durable_agent.runner import StepRunner
+from durable_agent.step.chat import initial_messages, run_agent
+from durable_agent.step.model import ModelSwitchedOff
+from durable_agent.step.runner import StepRunner
+from durable_agent.step.tools import ToolRegistry
 from durable_agent.testing import MemoryJournal
-from durable_agent.tools import ToolRegistry
 
 RUNS: list[tuple[str, Any]] = []
 """Every tool run in a test, in order."""

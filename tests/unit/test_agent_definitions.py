@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from durable_agent import Agent, ConfigurationError, InvalidArgument, Settings, tool
-from durable_agent.agent import chat_completions
-from durable_agent.agents import AgentBook, bind, changes
-from durable_agent.tools import ToolRegistry
+from durable_agent.step.agents import AgentBook, bind, changes
+from durable_agent.step.chat import chat_completions
+from durable_agent.step.tools import ToolRegistry
 
 
 @tool(replay="safe", name="ut_agents_read")

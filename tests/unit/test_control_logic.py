@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 
 from durable_agent import ConfigurationError, InvalidArgument, Settings, tool
-from durable_agent.approvals import Gate
-from durable_agent.control import check_note
 from durable_agent.errors import ReplayDiverged, ToolDefinitionError, TurnParked
-from durable_agent.journal.control import Approval
-from durable_agent.retention import parse_age
-from durable_agent.runner import StepRunner
+from durable_agent.journal.operator_store import Approval
+from durable_agent.operate.approvals import Gate
+from durable_agent.operate.cancel import check_note
+from durable_agent.operate.retention import parse_age
+from durable_agent.operate.uncertain import _effect
 from durable_agent.settings import load_settings
+from durable_agent.step.runner import StepRunner
+from durable_agent.step.tools import ToolRegistry
 from durable_agent.testing import MemoryJournal, make_step
-from durable_agent.tools import ToolRegistry
-from durable_agent.uncertain import _effect
 
 RAN: list[str] = []
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -51,7 +51,7 @@ class Guard:
 
 
 class Decisions:
-    """Stands in for ControlStore: the approval found, and what parking records."""
+    """Stands in for OperatorStore: the approval found, and what parking records."""
 
     def __init__(self, found: Approval | None) -> None:
         self.found = found

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from durable_agent import ConfigurationError
-from durable_agent.faults import Faults, parse
+from durable_agent.step.faults import Faults, parse
 
 
 @pytest.mark.parametrize(
@@ -71,7 +71,7 @@ def test_armed_point_exits_with_code_1_right_there() -> None:
     result = _run(
         """
         import atexit
-        from durable_agent.faults import Faults
+        from durable_agent.step.faults import Faults
         atexit.register(lambda: print("ATEXIT RAN", flush=True))
         faults = Faults((4, "after_run"))
         faults.maybe_crash(3, "after_run")
@@ -103,7 +103,7 @@ def test_tool_name_target_exits_at_that_tool() -> None:
     """Armed for a tool name, the process exits with code 1 at that tool's point."""
     result = _run(
         """
-        from durable_agent.faults import Faults, parse
+        from durable_agent.step.faults import Faults, parse
         faults = Faults(parse("send_email:before_run"))
         faults.maybe_crash(1, "before_run", "lookup_note")
         print("lookup passed", flush=True)
@@ -121,7 +121,7 @@ def test_armed_from_env_in_a_subprocess() -> None:
         [
             sys.executable,
             "-c",
-            "from durable_agent.faults import Faults\n"
+            "from durable_agent.step.faults import Faults\n"
             "f = Faults.from_env()\n"
             "f.maybe_crash(0, 'before_run')\n"
             "print('step 0 done', flush=True)\n"

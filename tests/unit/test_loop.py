@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from durable_agent import InvalidArgument, TurnContext, TurnFailed, tool
-from durable_agent.loop import TurnInput, run_loop
-from durable_agent.runner import POSSIBLY_RAN, StepRunner
+from durable_agent.step.loop import TurnInput, run_loop
+from durable_agent.step.runner import POSSIBLY_RAN, StepRunner
+from durable_agent.step.tools import ToolRegistry
 from durable_agent.testing import ClaimHeld, MemoryJournal, make_step
-from durable_agent.tools import ToolRegistry
 
 EFFECTS: list[str] = []
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from durable_agent import ConfigurationError, ModelUnavailable, Settings, TurnFailed
-from durable_agent.model import ModelClient, ModelSwitchedOff
+from durable_agent.step.model import ModelClient, ModelSwitchedOff
 from durable_agent.testing import ScriptedModelServer, call_tool, reply
 
 TOOLS: list[dict[str, Any]] = [

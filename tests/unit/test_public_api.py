@@ -114,8 +114,8 @@ def test_unknown_attribute_raises_attribute_error() -> None:
 
 def test_beat_schedule_runs_the_sweeper() -> None:
     """`celery -A durable_agent.tasks beat` sweeps every sweep interval out of the box."""
+    from durable_agent.delivery.celery_tasks import SWEEP as SWEEP_TASK_NAME
     from durable_agent.tasks import app, runtime
-    from durable_agent.turn_tasks import SWEEP as SWEEP_TASK_NAME
 
     entry = app.conf.beat_schedule["durable-agent-sweep"]
     assert entry == {"task": SWEEP_TASK_NAME, "schedule": runtime.settings.sweep_interval_seconds}

@@ -22,9 +22,9 @@ from durable_agent import (
     tool,
 )
 from durable_agent.journal.records import Step
-from durable_agent.runner import MODEL_STEP_NAME, POSSIBLY_RAN, StepRunner
+from durable_agent.step.runner import MODEL_STEP_NAME, POSSIBLY_RAN, StepRunner
+from durable_agent.step.tools import ToolRegistry
 from durable_agent.testing import MemoryJournal, Write, make_step
-from durable_agent.tools import ToolRegistry
 
 Event = tuple[Any, ...]
 EVENTS: list[Event] = []

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from durable_agent import ConfigurationError, Settings
+from durable_agent.operate.spend import Price, Spend, Tokens, _fold, parse_prices, total
 from durable_agent.settings import load_settings
-from durable_agent.spend import Price, Spend, Tokens, _fold, parse_prices, total
 
 
 def test_prices_parse_per_model() -> None:

@@ -13,7 +13,7 @@ import pydantic
 import pytest
 
 from durable_agent import ConfigurationError, Tool, ToolDefinitionError, tool
-from durable_agent.tools import ToolRegistry, load_tools, parse_docstring
+from durable_agent.step.tools import ToolRegistry, load_tools, parse_docstring
 
 # Tool names are process-wide, so every tool defined here has a name starting with "ut_tools_".
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import DurableAgentError, TurnFailed
-from .journal.records import Kind, Replay, Step
-from .loop import run_loop
-from .model import ModelSwitchedOff
-from .runner import StepRunner
-from .tools import ToolRegistry
+from ..errors import DurableAgentError, TurnFailed
+from ..journal.records import Kind, Replay, Step
+from ..step.loop import run_loop
+from ..step.model import ModelSwitchedOff
+from ..step.runner import StepRunner
+from ..step.tools import ToolRegistry
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ..runtime import Runtime
 
 
 class ReplayWrite(TurnFailed):

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Literal
 
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
 
 CrashPoint = Literal["before_run", "after_run"]
 POINTS: tuple[CrashPoint, ...] = ("before_run", "after_run")

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from rich.table import Table
 from rich.text import Text
 
-from .journal import Step, Turn
-from .redact import printable
-from .spend import Spend, Tokens, total
+from ..journal import Step, Turn
+from ..operate.spend import Spend, Tokens, total
+from ..redact import printable
 
 
 def journal_table(steps: Sequence[Step], title: str = "journal") -> Table:

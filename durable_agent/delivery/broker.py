@@ -23,7 +23,7 @@ way Postgres knows the turn, and the sweeper sends it again.
 It also keeps a list item that is not a kombu message at all (not JSON, or JSON without a
 message's fields: only something writing raw bytes into the queue's Redis list makes one)
 from stopping the worker: it is logged, kept on ``<queue>.dead`` and skipped. Everything
-above that level is checked by :mod:`durable_agent.poison`.
+above that level is checked by :mod:`durable_agent.delivery.poison`.
 """
 
 from __future__ import annotations

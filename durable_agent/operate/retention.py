@@ -13,11 +13,11 @@ import logging
 import re
 from typing import TYPE_CHECKING
 
-from .errors import InvalidArgument
-from .journal.control import ControlStore, PruneCount
+from ..errors import InvalidArgument
+from ..journal.operator_store import OperatorStore, PruneCount
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ..runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def prune(
         raise InvalidArgument("older_than_seconds must be more than 0")
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 10_000:
         raise InvalidArgument("batch must be a whole number from 1 to 10000")
-    store = ControlStore(runtime.database)
+    store = OperatorStore(runtime.database)
     preview = store.prune_preview(older_than_seconds)
     if dry_run:
         return preview

@@ -78,7 +78,7 @@ def _ended(row: Row | None) -> Ended | None:
     return Ended(row["session_id"], row["seq"], following)
 
 
-class ControlStore:
+class OperatorStore:
     """The queries of cancel, prune, the uncertain-effects inbox and approvals."""
 
     def __init__(self, db: Database) -> None:

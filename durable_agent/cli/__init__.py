@@ -22,19 +22,19 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .cli_types import since_time, whole_number
-from .errors import (
+from ..errors import (
     ConfigurationError,
     DurableAgentError,
     InvalidArgument,
     ServiceUnavailable,
     TurnNotFound,
 )
-from .inputs import check_id, check_message
-from .redact import printable
-from .runtime import Runtime
-from .settings import load_settings
-from .spend import GROUPINGS
+from ..inputs import check_id, check_message
+from ..operate.spend import GROUPINGS
+from ..redact import printable
+from ..runtime import Runtime
+from ..settings import load_settings
+from .arguments import since_time, whole_number
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NOT_FOUND = 1, 2, 3, 4
 
@@ -45,7 +45,7 @@ def error_line(text: str) -> None:
 
 
 def cmd_migrate(runtime: Runtime, args: argparse.Namespace) -> int:
-    from .journal.migrations import current_version, latest_version, migrate
+    from ..journal.migrations import current_version, latest_version, migrate
 
     applied = migrate(runtime.database)
     for migration in applied:
@@ -235,7 +235,7 @@ def cmd_spend(runtime: Runtime, args: argparse.Namespace) -> int:
 
 
 def cmd_replay(runtime: Runtime, args: argparse.Namespace) -> int:
-    from .replay import replay_turn
+    from ..operate.replay import replay_turn
 
     check_id("turn_id", args.turn_id)
     runtime.require_schema()
@@ -250,7 +250,7 @@ def cmd_replay(runtime: Runtime, args: argparse.Namespace) -> int:
 
 def cmd_evals(runtime: Runtime, args: argparse.Namespace) -> int:
     try:
-        from .evals.commands import main as evals_main
+        from ..evals.commands import main as evals_main
     except ImportError as error:
         raise ConfigurationError(
             f"the evals need the 'evals' extra: pip install 'durable-agent[evals]' ({error})"
@@ -364,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("turn_id")
     replay.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    from .control_cli import register as add_operator_commands
+    from .operator import register as add_operator_commands
 
     add_operator_commands(add)  # cancel, prune, uncertain, resolve, approvals, approve, deny
     add("eval", cmd_evals, "the evals of the pattern: crash-matrix, heed-note, two-workers, replay")

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import pydantic
 
-from .errors import ConfigurationError, ToolDefinitionError
+from ..errors import ConfigurationError, ToolDefinitionError
 
 Replay = Literal["safe", "never"]
 LABELS: tuple[Replay, ...] = ("safe", "never")

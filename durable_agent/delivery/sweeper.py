@@ -30,12 +30,12 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from .errors import DurableAgentError, ServiceUnavailable
-from .queue import new_message_id, send
-from .uncertain import notify_new
+from ..errors import DurableAgentError, ServiceUnavailable
+from ..operate.uncertain import notify_new
+from .doorbell import new_message_id, send
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ..runtime import Runtime
 
 log = logging.getLogger(__name__)
 

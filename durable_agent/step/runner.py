@@ -22,13 +22,13 @@ from typing import Any, Protocol
 
 import pydantic
 
-from .context import CallContext, bind_call
-from .errors import ReplayDiverged, StepLimitReached
+from ..errors import ReplayDiverged, StepLimitReached
+from ..journal.codec import ListDigest, digest, dumps, jsonb_order, storable
+from ..journal.protocol import TurnJournal
+from ..journal.records import Replay, Step
+from ..redact import redact
+from .call_context import CallContext, bind_call
 from .faults import Faults
-from .journal.codec import ListDigest, digest, dumps, jsonb_order, storable
-from .journal.protocol import TurnJournal
-from .journal.records import Replay, Step
-from .redact import redact
 from .tools import Tool, ToolRegistry
 
 log = logging.getLogger(__name__)

@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 
-from .errors import InvalidArgument
-from .inputs import check_id, check_timeout
-from .journal import Step, Turn, TurnStatus
-from .journal.queries import query
+from ..errors import InvalidArgument
+from ..inputs import check_id, check_timeout
+from ..journal import Step, Turn, TurnStatus
+from ..journal.queries import query
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ..runtime import Runtime
 
 log = logging.getLogger(__name__)
 

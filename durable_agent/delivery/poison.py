@@ -40,7 +40,7 @@ from celery.worker.strategy import default as default_strategy
 from kombu.entity import Queue
 from kombu.exceptions import ContentDisallowed, DecodeError
 
-log = logging.getLogger("durable_agent.poison")
+log = logging.getLogger("durable_agent.delivery.poison")
 
 SHOWN = 300  # characters of a field shown in the log line
 DEAD_SUFFIX = ".dead"

@@ -15,9 +15,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from .errors import ServiceUnavailable
+from ..errors import ServiceUnavailable
 
-log = logging.getLogger("durable_agent.outage")
+log = logging.getLogger("durable_agent.delivery.outage")
 
 
 class Outage:

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 from kombu.exceptions import OperationalError as KombuOperationalError
 from kombu.utils.url import maybe_sanitize_url
 
-from .errors import ServiceUnavailable
-from .turn_tasks import RUN_TURN
+from ..errors import ServiceUnavailable
+from .celery_tasks import RUN_TURN
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ..runtime import Runtime
 
 _PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1}
 

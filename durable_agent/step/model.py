@@ -30,9 +30,9 @@ from typing import Any
 
 import openai
 
-from .errors import ConfigurationError, ModelUnavailable, TurnFailed
-from .redact import redact
-from .settings import Settings
+from ..errors import ConfigurationError, ModelUnavailable, TurnFailed
+from ..redact import redact
+from ..settings import Settings
 
 _RETRYABLE_STATUSES = frozenset({408, 409, 429})
 _CONFIGURATION = {

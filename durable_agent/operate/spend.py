@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from .journal import JournalStore
+    from ..journal import JournalStore
 
 GROUPINGS = ("turn", "agent", "day")
 """What ``spend`` can group by."""

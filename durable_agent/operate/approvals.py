@@ -24,15 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from .control import check_by, check_note, send_next
-from .errors import InvalidArgument, LeaseLost, ReplayDiverged, TurnCancelled, TurnParked
-from .inputs import check_id
-from .journal.control import Approval, ControlStore
-from .journal.records import Claim, Ended
-from .tools import Tool, ToolRegistry
+from ..errors import InvalidArgument, LeaseLost, ReplayDiverged, TurnCancelled, TurnParked
+from ..inputs import check_id
+from ..journal.operator_store import Approval, OperatorStore
+from ..journal.records import Claim, Ended
+from ..step.tools import Tool, ToolRegistry
+from .cancel import check_by, check_note, send_next
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ..runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ Decision = Literal["approved", "denied"]
 class Gate:
     """The approval gate of one claim (see ``runner.ApprovalGate``)."""
 
-    store: ControlStore
+    store: OperatorStore
     turn_id: str
     epoch: int
     required: frozenset[str]
@@ -120,7 +120,7 @@ def approval_gate(
     if not required and not any(t.approval == "required" for t in tools):
         return None
     return Gate(
-        ControlStore(runtime.database), claim.turn.turn_id, claim.epoch, required, before_park
+        OperatorStore(runtime.database), claim.turn.turn_id, claim.epoch, required, before_park
     )
 
 
@@ -130,7 +130,7 @@ def list_approvals(
     """Calls waiting for a decision (``include_decided``: decided ones too), oldest first."""
     if turn_id is not None:
         check_id("turn_id", turn_id)
-    return ControlStore(runtime.database).list_approvals(
+    return OperatorStore(runtime.database).list_approvals(
         turn_id=turn_id, include_decided=include_decided
     )
 
@@ -154,7 +154,7 @@ def decide(
     reason = check_note("reason", reason, required=decision == "denied")
     who = check_by(by)
     turn = runtime.get_turn(turn_id)
-    store = ControlStore(runtime.database)
+    store = OperatorStore(runtime.database)
     woken = store.decide_approval(turn_id, step, decision, reason, who)
     found = store.find_approval(turn_id, step)
     if woken is None:

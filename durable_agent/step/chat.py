@@ -1,6 +1,6 @@
 """The built-in loop: model call, every tool call of the reply, model call, until a plain reply.
 
-It is written on the public loop API (:class:`~durable_agent.loop.TurnContext`), as a
+It is written on the public loop API (:class:`~durable_agent.step.loop.TurnContext`), as a
 loop of yours would be: it has no I/O of its own, every call is a ``ctx.model()`` or a
 ``ctx.tool_call()``, and the conversation is rebuilt only from the session's earlier turns
 and this turn's journal, so a replay sends byte-for-byte the same requests.

@@ -10,9 +10,9 @@ A *loop* is a function that takes a :class:`TurnContext` and returns the reply t
 
 Name it in an :class:`~durable_agent.Agent` (``Agent("planner", loop=plan_then_act)``) and
 the workers run it like the built-in Chat Completions loop
-(:func:`durable_agent.agent.chat_completions`, written on this same API): every
+(:func:`durable_agent.step.chat.chat_completions`, written on this same API): every
 ``ctx.model()`` and ``ctx.tool()`` is one step of the turn, numbered in the order the loop
-makes them, and goes through the step runner (:mod:`durable_agent.runner`): a finished step
+makes them, and goes through the step runner (:mod:`durable_agent.step.runner`): a finished step
 is read back instead of run, an interrupted ``never`` tool is answered with the "may or may
 not have happened" text, every write is fenced by the worker's claim, the heartbeat and
 the ``CRASH_AT`` points apply.
@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidArgument, TurnFailed
+from ..errors import InvalidArgument, TurnFailed
 from .tools import ToolRegistry
 
 if TYPE_CHECKING:
@@ -184,10 +184,19 @@ def run_loop(loop: Loop, ctx: TurnContext) -> str:
     return reply
 
 
+# Loops of this package that moved after turns recorded them: a digest keeps the name the
+# loop had then, so that a turn in flight across the upgrade is not reported as resumed under
+# a changed agent (tests/golden holds turns recorded before the move).
+_RECORDED_NAMES = {
+    "durable_agent.step.chat:chat_completions": "durable_agent.agent:chat_completions",
+}
+
+
 def loop_name(loop: Loop) -> str:
     """``module:qualname`` of a loop, as recorded in an agent's digest."""
     module = getattr(loop, "__module__", None) or "?"
-    return f"{module}:{getattr(loop, '__qualname__', type(loop).__qualname__)}"
+    name = f"{module}:{getattr(loop, '__qualname__', type(loop).__qualname__)}"
+    return _RECORDED_NAMES.get(name, name)
 
 
 def _json(arguments: Mapping[str, Any]) -> str:

@@ -17,14 +17,14 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import DurableAgentError, InvalidArgument, TurnCancelled
-from .inputs import check_id
-from .journal.control import Cancellation, ControlStore
-from .journal.leases import announce
-from .journal.records import Ended, Turn
+from ..errors import DurableAgentError, InvalidArgument, TurnCancelled
+from ..inputs import check_id
+from ..journal.leases import announce
+from ..journal.operator_store import Cancellation, OperatorStore
+from ..journal.records import Ended, Turn
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ..runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def cancel(
     reason = check_note("reason", reason)
     who = check_by(by)
     runtime.get_turn(turn_id)  # TurnNotFound for an unknown id
-    store = ControlStore(runtime.database)
+    store = OperatorStore(runtime.database)
     requested = store.request_cancel(turn_id, who, reason)
     ended = store.end_unheld_cancelled(turn_id)
     if ended is not None:
@@ -126,7 +126,7 @@ def cancel(
 def stop_if_cancelled(runtime: Runtime, turn_id: str) -> None:
     """Raise TurnCancelled if someone asked the turn to stop: a claim that resumes a turn
     checks first, so that it does not run an interrupted call again only to stop after it."""
-    cancel = ControlStore(runtime.database).find_cancellation(turn_id)
+    cancel = OperatorStore(runtime.database).find_cancellation(turn_id)
     if cancel is not None:
         raise TurnCancelled(
             f"turn {turn_id} cancelled by {cancel.requested_by}"
@@ -136,7 +136,7 @@ def stop_if_cancelled(runtime: Runtime, turn_id: str) -> None:
 
 def end_cancelled(runtime: Runtime, turn_id: str, epoch: int) -> Ended | None:
     """The worker holding a cancelled turn ends it (None if its epoch moved on)."""
-    ended = ControlStore(runtime.database).end_claimed_cancelled(turn_id, epoch)
+    ended = OperatorStore(runtime.database).end_claimed_cancelled(turn_id, epoch)
     if ended is not None:
         log.warning("turn %s cancelled at a step boundary", turn_id)
         announce(runtime.database, f"turn cancelled {turn_id}")  # wakes wait and watch

@@ -15,10 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from .agents import BoundAgent, changes
-from .approvals import approval_gate
-from .control import end_cancelled, stop_if_cancelled
-from .errors import (
+from ..errors import (
     LeaseLost,
     ModelUnavailable,
     ServiceUnavailable,
@@ -26,17 +23,20 @@ from .errors import (
     TurnFailed,
     TurnParked,
 )
-from .faults import Faults
+from ..journal import Refusal, worker_identity
+from ..journal.records import Claim
+from ..operate.approvals import approval_gate
+from ..operate.cancel import end_cancelled, stop_if_cancelled
+from ..redact import redact
+from ..step.agents import BoundAgent, changes
+from ..step.faults import Faults
+from ..step.loop import run_loop
+from ..step.runner import StepRunner
 from .heartbeat import Heartbeat
-from .journal import Refusal, worker_identity
-from .journal.records import Claim
-from .loop import run_loop
-from .redact import redact
-from .runner import StepRunner
 
 if TYPE_CHECKING:
-    from .journal.store import ClaimedJournal
-    from .runtime import Runtime
+    from ..journal.store import ClaimedJournal
+    from ..runtime import Runtime
 
 log = logging.getLogger(__name__)
 

@@ -13,14 +13,15 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import approvals, control, retention, uncertain
-from .cli_types import since_time, whole_number
-from .control import check_by, check_note
-from .inputs import check_id
-from .redact import printable
+from ..inputs import check_id
+from ..operate import approvals, retention, uncertain
+from ..operate import cancel as control
+from ..operate.cancel import check_by, check_note
+from ..redact import printable
+from .arguments import since_time, whole_number
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ..runtime import Runtime
 
 Command = Callable[["Runtime", argparse.Namespace], int]
 Add = Callable[[str, Command, str], argparse.ArgumentParser]

@@ -12,8 +12,8 @@ import logging
 import threading
 import time
 
-from .errors import DurableAgentError, LeaseLost
-from .journal.leases import Leases
+from ..errors import DurableAgentError, LeaseLost
+from ..journal.leases import Leases
 
 log = logging.getLogger(__name__)
 

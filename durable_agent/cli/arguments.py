@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 
 def whole_number(low: int, high: int, what: str = "a whole number") -> Callable[[str], int]:
@@ -26,7 +26,7 @@ def whole_number(low: int, high: int, what: str = "a whole number") -> Callable[
 
 def since_time(text: str) -> datetime:
     """``--since``: an age (``2h``: since two hours ago) or an ISO time."""
-    from .retention import parse_age
+    from ..operate.retention import parse_age
 
     try:
         return datetime.now(UTC) - timedelta(seconds=parse_age(text))

@@ -1,5 +1,5 @@
 """The Celery app of a runtime: its configuration and its worker hooks (the tasks are in
-:mod:`durable_agent.turn_tasks`).
+:mod:`durable_agent.delivery.celery_tasks`).
 
 Redis is only the doorbell: messages carry ids, Postgres holds the truth. Delivery is
 at-least-once and duplicates are routine, so every delivery claims the turn first.
@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery, signals
 
+from ..errors import ConfigurationError, DurableAgentError
+from ..settings import Settings
 from .broker import transport_for
-from .errors import ConfigurationError, DurableAgentError
-from .settings import Settings
-from .turn_tasks import SWEEP
+from .celery_tasks import SWEEP
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ..runtime import Runtime
     from .sweeper import SweeperThread
 
 log = logging.getLogger("durable_agent.tasks")
@@ -50,8 +50,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # "may or may not have happened"): Postgres holds the truth, and the late or lost
         # ack only brings a duplicate delivery, which the claim refuses.
         "worker_cancel_long_running_tasks_on_connection_loss": False,
-        # Malformed messages are logged once and dead-lettered (see durable_agent.poison).
-        "worker_consumer": "durable_agent.poison:GuardedConsumer",
+        # Malformed messages are logged once and dead-lettered (see durable_agent.delivery.poison).
+        "worker_consumer": "durable_agent.delivery.poison:GuardedConsumer",
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "worker_hijack_root_logger": False,
@@ -67,7 +67,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 def create_app(runtime: Runtime) -> Celery:
     """A Celery app for this runtime's broker and queue, with the tasks registered."""
-    from .turn_tasks import register_tasks
+    from .celery_tasks import register_tasks
 
     app = Celery("durable_agent", set_as_current=False)
     app.conf.update(celery_config(runtime.settings))

@@ -9,7 +9,7 @@ records the turn on its first delivery, then runs it. ``sweep()`` is one sweeper
 Calling ``run_turn.delay()`` or ``agent_turn.delay()`` checks the arguments in the caller's
 process, so a mistake (a message where a turn id belongs, an over-long id) is an exception
 there, not a silent drop on a worker. On a worker, every message is checked again before it
-runs (``durable_agent.poison``), and the task's state in Flower says what happened: SUCCESS
+runs (``durable_agent.delivery.poison``), and the task's state in Flower says what happened: SUCCESS
 with the outcome ("done", "refused: ...", "deferred: ..."), or FAILURE with the reason the
 turn failed.
 """
@@ -22,26 +22,26 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery, Task
 from celery.result import AsyncResult
 
-from .agents import check_agent_name
-from .errors import (
+from ..errors import (
     DurableAgentError,
     InvalidArgument,
     ServiceUnavailable,
     TurnFailed,
     TurnNotFound,
 )
-from .inputs import check_id, check_message
-from .journal.holders import worker_identity
+from ..inputs import check_id, check_message
+from ..journal.holders import worker_identity
+from ..step.agents import check_agent_name
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ..runtime import Runtime
 
 log = logging.getLogger("durable_agent.tasks")
 
 RUN_TURN = "durable_agent.run_turn"
 AGENT_TURN = "durable_agent.agent_turn"
 SWEEP = "durable_agent.sweep"
-_GUARD = "durable_agent.poison:guarded_strategy"
+_GUARD = "durable_agent.delivery.poison:guarded_strategy"
 
 
 class TurnTask(Task):  # type: ignore[misc]
@@ -68,7 +68,7 @@ class RunTurnTask(TurnTask):
             return super().apply_async((session_id, turn_id), None, **options)
         if turn is None:
             raise TurnNotFound(turn_id, hint=AGENT_TURN_HINT)
-        from .queue import new_message_id
+        from .doorbell import new_message_id
 
         message_id = options.pop("task_id", None) or new_message_id()
         runtime.journal.mark_sent([turn_id], [message_id])
@@ -173,7 +173,7 @@ def handle_delivery(runtime: Runtime, turn_id: str) -> str:
     worker's memory, and with kombu 5.7 on Redis such a worker dies when the broker
     connection drops.
     """
-    from .worker import Delivery, Outcome
+    from .turn_worker import Delivery, Outcome
 
     worker = runtime.turn_worker()
     while True:

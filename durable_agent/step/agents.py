@@ -35,15 +35,15 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigurationError, InvalidArgument
-from .journal.codec import digest
+from ..errors import ConfigurationError, InvalidArgument
+from ..journal.codec import digest
 from .loop import Loop, ModelCall, TurnContext, TurnInput, loop_name
 from .tools import Tool, ToolRegistry
 
 if TYPE_CHECKING:
-    from .journal.records import Turn
+    from ..journal.records import Turn
+    from ..settings import Settings
     from .runner import StepRunner
-    from .settings import Settings
 
 DEFAULT_AGENT = "default"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

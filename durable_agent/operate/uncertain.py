@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from .control import check_by, check_note
-from .errors import ConfigurationError, InvalidArgument, ServiceUnavailable
-from .inputs import check_id
-from .journal.control import ControlStore
-from .journal.db import Row
-from .journal.records import Step
+from ..errors import ConfigurationError, InvalidArgument, ServiceUnavailable
+from ..inputs import check_id
+from ..journal.db import Row
+from ..journal.operator_store import OperatorStore
+from ..journal.records import Step
+from .cancel import check_by, check_note
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ..runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def list_uncertain(
         raise InvalidArgument("limit must be a whole number from 1 to 10000")
     if since is not None and (not isinstance(since, datetime) or since.tzinfo is None):
         raise InvalidArgument("since must be a timezone-aware datetime")
-    rows = ControlStore(runtime.database).uncertain_effects(
+    rows = OperatorStore(runtime.database).uncertain_effects(
         since=since, turn_id=turn_id, agent=agent, include_resolved=include_resolved, limit=limit
     )
     return _effects(runtime, rows)
@@ -144,7 +144,7 @@ def resolve(
     note = check_note("note", note)
     who = check_by(by)
     runtime.get_turn(turn_id)  # TurnNotFound
-    store = ControlStore(runtime.database)
+    store = OperatorStore(runtime.database)
     if not store.uncertain_effects(turn_id=turn_id, step=step, include_resolved=True, limit=1):
         raise InvalidArgument(f"step {step} of turn {turn_id} is not an uncertain effect")
     store.record_resolution(turn_id, step, verdict, note, who)
@@ -274,8 +274,8 @@ def _notify_new(runtime: Runtime, batch: int) -> int:
     with runtime.database.transaction() as tx:
         if not tx.value("try_sweep_lock", key=_NOTICE_LOCK_KEY):
             return 0
-        new = ControlStore.new_uncertain_notices(tx, batch)
-        store = ControlStore(runtime.database)
+        new = OperatorStore.new_uncertain_notices(tx, batch)
+        store = OperatorStore(runtime.database)
         for turn_id, step in new:
             rows = store.uncertain_effects(
                 turn_id=turn_id, step=step, include_resolved=True, limit=1
