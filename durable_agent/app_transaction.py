@@ -31,9 +31,9 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from .errors import ConfigurationError, InvalidArgument, ServiceUnavailable
-from .faults import Faults
 from .journal import TurnStatus
 from .journal.lent import record_turn
+from .step.faults import Faults
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection as SAConnection

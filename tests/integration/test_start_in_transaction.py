@@ -163,18 +163,3 @@ def test_what_cannot_take_a_turn_is_refused_in_one_line(
             conn.execute("SELECT 1/0")
         with pytest.raises(InvalidArgument, match="already failed"):
             start_turn("s1", "hi", settings=settings, connection=conn)
-
-
-def test_the_worker_imports_no_sqlalchemy() -> None:
-    """The hot path stays on psycopg: `celery -A durable_agent.tasks` and a turn worker
-    import nothing of SQLAlchemy."""
-    import subprocess
-    import sys
-
-    code = (
-        "import sys, durable_agent.tasks, durable_agent.worker, durable_agent.sweeper\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'alembic')))"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
