@@ -132,8 +132,8 @@ def _lend(connection: object) -> _Lent:
 
 
 _NOT_ASYNC = (
-    "start_turn(connection=...) takes a synchronous connection or session; from async code "
-    "call it through run_sync (`await session.run_sync(lambda s: start_turn(..., connection=s))`)"
+    "start_turn(connection=...) takes a synchronous Session or Connection (SQLAlchemy) or "
+    "psycopg connection; async ones are not supported: start the turn on a synchronous one"
 )
 
 

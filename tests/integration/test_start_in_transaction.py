@@ -11,7 +11,7 @@ import psycopg
 import pytest
 import redis
 from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from durable_agent import start_turn
 from durable_agent.errors import ConfigurationError, InvalidArgument
@@ -65,6 +65,19 @@ def test_session_commit_records_the_turn_then_sends_it_once(
     assert _queued(redis_client, settings) == [turn_id]
     turn = store.get_turn(turn_id)
     assert turn.message_id is not None and turn.enqueued_at is not None  # marked as sent
+
+
+def test_a_scoped_session_lends_its_current_session(
+    settings: Settings, engine: Engine, redis_client: redis.Redis
+) -> None:
+    sessions = scoped_session(sessionmaker(engine))
+    try:
+        turn_id = start_turn("s1", "hi", settings=settings, connection=sessions)
+        assert _queued(redis_client, settings) == []
+        sessions.commit()
+    finally:
+        sessions.remove()
+    assert _queued(redis_client, settings) == [turn_id]
 
 
 def test_session_rollback_leaves_no_turn_and_sends_nothing(
@@ -141,6 +154,19 @@ def test_psycopg_connection_leaves_the_doorbell_to_the_sweeper(
     clock.advance(sweeper.grace_seconds + 0.1)
     assert sweeper.sweep_once() == [("s1", turn_id, "never enqueued")]
     assert _queued(redis_client, settings) == [turn_id]
+
+
+def test_psycopg_starting_the_turn_again_after_the_commit_sends_it_at_once(
+    settings: Settings, store: JournalStore, redis_client: redis.Redis
+) -> None:
+    """The recipe for psycopg and Django (transaction.on_commit): a start by the same turn id
+    after the commit finds the turn and sends it, without waiting for the sweeper."""
+    with psycopg.connect(settings.database_url) as conn:
+        turn_id = start_turn("s1", "hi", settings=settings, connection=conn)
+        conn.commit()
+    assert start_turn("s1", "hi", turn_id=turn_id, settings=settings) == turn_id
+    assert _queued(redis_client, settings) == [turn_id]
+    assert store.get_turn(turn_id).message_id is not None
 
 
 def test_what_cannot_take_a_turn_is_refused_in_one_line(
