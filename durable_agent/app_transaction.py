@@ -59,8 +59,8 @@ class Doorbell:
     def ring(self) -> None:
         """Send it now (its message id noted first, as every send does). Never raises: the
         application's transaction has committed, and the sweeper sends what is not sent."""
-        Faults.from_env().maybe_crash_before_doorbell()
         try:
+            Faults.from_env().maybe_crash_before_doorbell()
             self.runtime.enqueue(self.session_id, self.turn_id, self.queue)
         except ServiceUnavailable as error:
             log.warning("turn %s is recorded; %s; the sweeper will enqueue it", self.turn_id, error)
