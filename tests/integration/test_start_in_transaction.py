@@ -179,6 +179,13 @@ def test_what_cannot_take_a_turn_is_refused_in_one_line(
         start_turn("s1", "hi", settings=settings, connection=conn)
     with pytest.raises(InvalidArgument, match="SQLAlchemy Session or Connection"):
         start_turn("s1", "hi", settings=settings, connection=object())
+    other_driver = create_engine("sqlite://")
+    with (
+        Session(other_driver) as session,
+        pytest.raises(ConfigurationError, match=r"psycopg 3 driver .* uses sqlite\+pysqlite"),
+    ):
+        start_turn("s1", "hi", settings=settings, connection=session)
+    other_driver.dispose()
     with (
         psycopg.connect(new_database()) as elsewhere,
         pytest.raises(ConfigurationError, match="would never run"),
