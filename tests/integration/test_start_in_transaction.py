@@ -3,6 +3,7 @@ goes out only once that transaction commits (real Postgres, real Redis)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -137,6 +138,25 @@ def test_core_connection_commit_sends_and_rollback_does_not(
     assert _eventually(lambda: _queued(redis_client, settings) == [committed])
     assert store.find_turn(rolled_back) is None
     assert _eventually(lambda: store.get_turn(committed).message_id is not None)
+
+
+def test_core_connection_savepoint_rolled_back_sends_nothing_for_its_turn(
+    settings: Settings, engine: Engine, store: JournalStore, redis_client: redis.Redis
+) -> None:
+    """The waiter sends only turns that became visible: one rolled back with a savepoint
+    never does, and the waiter gives up on it after the sweeper's grace period."""
+    with engine.connect() as conn:
+        kept = start_turn("s1", "kept", settings=settings, connection=conn)
+        nested = conn.begin_nested()
+        dropped = start_turn("s2", "dropped", settings=settings, connection=conn)
+        nested.rollback()
+        conn.commit()
+    waiters = [t for t in threading.enumerate() if t.name == "durable-agent-doorbell"]
+    for waiter in waiters:
+        waiter.join(timeout=15)
+        assert not waiter.is_alive()
+    assert store.find_turn(dropped) is None
+    assert _queued(redis_client, settings) == [kept]
 
 
 def test_psycopg_connection_leaves_the_doorbell_to_the_sweeper(
