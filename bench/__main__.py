@@ -6,6 +6,7 @@ virtual environment of its own, so that this one never carries DBOS."""
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 import time
@@ -44,7 +45,17 @@ def main(argv: list[str] | None = None) -> int:
 
     info = machine()
     out.print(info.line())
-    results: dict[str, Any] = {"machine": info.as_json()}
+    # when and how the figures were made: the docs' benchmarks page states it with them
+    results: dict[str, Any] = {
+        "machine": info.as_json(),
+        "run": {
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "which": args.which,
+            "quick": args.quick,
+            "reps": args.reps,
+            "runs": args.runs,
+        },
+    }
     started = time.monotonic()
     if args.which in ("all", "journal"):
         from . import journal_io

@@ -55,7 +55,8 @@ def wait_for_turn(
     poll_seconds: float = DEFAULT_POLL_SECONDS,
     settings: Settings | None = None,
 ) -> Turn:
-    """Wait until the turn is done or failed; raises TimeoutError after ``timeout`` seconds.
+    """Wait until the turn ends (done, failed or cancelled); raises TimeoutError after
+    ``timeout`` seconds (a turn waiting for an approval has not ended: the error says so).
 
     It wakes when Postgres announces the turn's end (LISTEN/NOTIFY); ``poll_seconds`` is how
     often it reads anyway, so a lost announcement costs latency, never a hang."""
@@ -71,8 +72,8 @@ def stream_turn(
     settings: Settings | None = None,
 ) -> Generator[TurnEvent, None, None]:
     """Each finished step of the turn after ``after_step`` (-1: from the start), in order, as
-    it is recorded, then one ``end`` event (the turn done or failed, with its reply or
-    error). Resume from any step with ``after_step=<the last step you got>``: nothing is
+    it is recorded, then one ``end`` event (the turn done, failed or cancelled, with its
+    reply or error). Resume from any step with ``after_step=<the last step you got>``: nothing is
     skipped and nothing comes twice, also when another worker resumes the turn after a
     crash. TimeoutError after ``timeout`` seconds without the end (None: no limit)."""
     return runtime_for(settings).stream_turn(

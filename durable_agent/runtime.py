@@ -303,8 +303,9 @@ class Runtime:
     def spend(
         self, by: str = "turn", limit: int = 50, since: datetime | None = None
     ) -> list[Spend]:
-        """The spend ledger per turn (newest first) or per day (latest first): model calls
-        and tokens, crash waste and what the journal saved (see ``spend.py``)."""
+        """The spend ledger per turn (newest first), per agent, or per day (latest first),
+        of the turns created since ``since`` if given: model calls and tokens, crash waste
+        and what the journal saved (``by``: ``"turn"``, ``"agent"`` or ``"day"``)."""
         check_grouping(by)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
             raise InvalidArgument(f"limit must be a whole number from 1 to {MAX_LIST}")

@@ -317,13 +317,15 @@ def upgrade(op_or_connection: Any) -> list[Migration]:
     connection; the migrations applied (none when the database is up to date).
 
     Safe to run again and from several processes: the same advisory lock and version table
-    as ``durable-agent migrate``. An Alembic revision that calls it::
+    as ``durable-agent migrate``. An Alembic revision that calls it:
 
-        from alembic import op
-        import durable_agent.schema
+    ```python
+    from alembic import op
+    import durable_agent.schema
 
-        def upgrade() -> None:
-            durable_agent.schema.upgrade(op)
+    def upgrade() -> None:
+        durable_agent.schema.upgrade(op)
+    ```
 
     Run it again from a new revision after upgrading durable-agent (its release notes say
     when a release brings a migration); ``downgrade`` has nothing to undo: our migrations
