@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -98,14 +98,12 @@ def _check_same_database(runtime: Runtime, conn: psycopg.Connection[Any]) -> Non
         )
 
 
-class _Lent:
+class _Lent(Protocol):
     """A connection of the application: its psycopg connection, and its commit."""
 
-    def psycopg_connection(self) -> psycopg.Connection[Any]:
-        raise NotImplementedError
+    def psycopg_connection(self) -> psycopg.Connection[Any]: ...
 
-    def after_commit(self, doorbell: Doorbell) -> None:
-        raise NotImplementedError
+    def after_commit(self, doorbell: Doorbell) -> None: ...
 
 
 def _lend(connection: object) -> _Lent:
@@ -157,7 +155,7 @@ def _driver_connection(connection: SAConnection) -> psycopg.Connection[Any]:
     )
 
 
-class _LentPsycopg(_Lent):
+class _LentPsycopg:
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
 
@@ -165,10 +163,12 @@ class _LentPsycopg(_Lent):
         return self.conn
 
     def after_commit(self, doorbell: Doorbell) -> None:
-        pass  # psycopg has no commit hook: the sweeper sends it after its grace period
+        """Nothing to do: psycopg has no commit hook, so the sweeper sends the turn as
+        never enqueued after its grace period (or the application starts it again by its
+        id after its commit, which sends it at once)."""
 
 
-class _LentSession(_Lent):
+class _LentSession:
     """A Session: its ``after_commit`` event rings what the committed transaction recorded."""
 
     def __init__(self, session: Session) -> None:
@@ -222,7 +222,7 @@ def _listen_to(session: Session) -> None:
     event.listen(session, "after_transaction_end", ended)
 
 
-class _LentConnection(_Lent):
+class _LentConnection:
     """A Core Connection: rung once the turn is visible after its ``commit`` event."""
 
     def __init__(self, connection: SAConnection) -> None:
