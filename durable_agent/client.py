@@ -23,6 +23,7 @@ def start_turn(
     turn_id: str | None = None,
     agent: str | None = None,
     settings: Settings | None = None,
+    connection: object | None = None,
 ) -> str:
     """Record a turn of ``agent`` (the environment's ``default`` agent when None) in
     Postgres, then enqueue it on the agent's queue; returns the turn id.
@@ -30,8 +31,16 @@ def start_turn(
     The turn is durable once this returns, even if the broker is down: the sweeper
     enqueues turns that were recorded but never sent. Passing your own ``turn_id`` makes a
     retried call return the same turn instead of creating a second one.
+
+    ``connection``: record the turn in your own transaction instead, on a SQLAlchemy
+    ``Session`` or ``Connection`` (on the psycopg 3 driver) or a psycopg 3 connection. The
+    turn exists only if that transaction commits, and its message is sent only after the
+    commit (SQLAlchemy: from the commit event; psycopg: by the sweeper, after its grace
+    period). A rollback leaves no turn and sends nothing.
     """
-    return runtime_for(settings).start_turn(session_id, message, turn_id=turn_id, agent=agent)
+    return runtime_for(settings).start_turn(
+        session_id, message, turn_id=turn_id, agent=agent, connection=connection
+    )
 
 
 def get_turn(turn_id: str, *, settings: Settings | None = None) -> Turn:

@@ -289,6 +289,7 @@ class Runtime:
         *,
         turn_id: str | None = None,
         agent: str | None = None,
+        connection: object | None = None,
     ) -> str:
         """Record a turn of ``agent`` (``default`` when None) in Postgres, then enqueue it
         on the agent's queue; returns the turn id.
@@ -296,11 +297,21 @@ class Runtime:
         The turn is durable once this returns, even if the broker is down: the sweeper
         enqueues turns that were recorded but never sent. Passing your own ``turn_id`` makes
         a retried call return the same turn instead of creating a second one.
+
+        With ``connection`` (a SQLAlchemy Session or Connection, or a psycopg 3 connection)
+        the turn is recorded in that connection's transaction and enqueued only after it
+        commits; a rollback leaves no turn (see ``app_transaction.py``).
         """
         check_id("session_id", session_id)
         check_message(message, self.settings.max_message_bytes)
         if turn_id is not None:
             check_id("turn_id", turn_id)
+        if connection is not None:
+            from .app_transaction import start_in_transaction
+
+            return start_in_transaction(
+                self, connection, session_id, message, turn_id=turn_id, agent=agent
+            )
         name, queue = self.agent_queue(agent)
         turn = self.journal.create_turn(
             session_id, message, turn_id=turn_id, queue=queue, agent=name

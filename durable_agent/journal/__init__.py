@@ -9,15 +9,22 @@ above import what they need from here, not from the submodules.
 """
 
 from .codec import ListDigest, digest, dumps, jsonb_order, storable
-from .db import Database, Row, conninfo_for, describe_url
+from .db import Database, Row, conninfo_for, describe_url, on_connection
 from .holders import holder_is_dead, worker_identity
 from .leases import Leases
 from .ledger import Price, Spend, Tokens, parse_prices
-from .migrations import current_version, latest_version, migrate, require_current
+from .lent import record_turn
+from .migrations import (
+    apply_missing,
+    current_version,
+    latest_version,
+    migrate,
+    require_current,
+)
 from .notify import announce, listen
 from .operator_store import Approval, Cancellation, OperatorStore, PruneCount
 from .protocol import TurnJournal
-from .queries import Query, parse_queries
+from .queries import Migration, Query, parse_queries
 from .records import Claim, Ended, Kind, Refusal, Replay, Step, StepStatus, Turn, TurnStatus
 from .store import ClaimedJournal, JournalStore
 
@@ -32,6 +39,7 @@ __all__ = [
     "Kind",
     "Leases",
     "ListDigest",
+    "Migration",
     "OperatorStore",
     "Price",
     "PruneCount",
@@ -47,6 +55,7 @@ __all__ = [
     "TurnJournal",
     "TurnStatus",
     "announce",
+    "apply_missing",
     "conninfo_for",
     "current_version",
     "describe_url",
@@ -57,8 +66,10 @@ __all__ = [
     "latest_version",
     "listen",
     "migrate",
+    "on_connection",
     "parse_prices",
     "parse_queries",
+    "record_turn",
     "require_current",
     "storable",
     "worker_identity",
