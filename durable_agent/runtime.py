@@ -197,14 +197,32 @@ class Runtime:
         from .operate.uncertain import hooks
 
         hooks(self)  # a DURABLE_AGENT_UNCERTAIN_CALLBACK that cannot be imported stops here
-        self.turn_worker()
+        worker = self.turn_worker()
         self.agents  # noqa: B018 (a bad agent definition fails the start)
+        self._check_tool_names(worker.faults.armed)
         if not len(self.tools):
             where = ", ".join(self.settings.tool_modules) or "(DURABLE_AGENT_TOOLS is empty)"
             raise ConfigurationError(
                 f"no tools: the tools module(s) {where} define no @tool; "
                 "set DURABLE_AGENT_TOOLS to the module(s) that define your tools"
             )
+
+    def _check_tool_names(self, crash_at: tuple[int | str, str] | None) -> None:
+        """Names of tools in the settings that this worker does not have fail the start: a
+        typo in DURABLE_AGENT_APPROVAL_REQUIRED would let the tool it meant run unasked, one
+        in CRASH_AT would never fire."""
+        from .step.faults import check_tools
+
+        known = set(self.tools.names())
+        for agent in self.agents:
+            known.update(t.name for t in agent.tools)
+        unknown = sorted(self.settings.approval_tools - known)
+        if unknown:
+            raise ConfigurationError(
+                f"DURABLE_AGENT_APPROVAL_REQUIRED names no tool of this worker: "
+                f"{', '.join(unknown)} (its tools: {', '.join(sorted(known)) or 'none'})"
+            )
+        check_tools(crash_at, known)  # type: ignore[arg-type]
 
     # -- the client -----------------------------------------------------------------------
 
