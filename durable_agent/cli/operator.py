@@ -63,7 +63,7 @@ def cmd_prune(runtime: Runtime, args: argparse.Namespace) -> int:
     print(
         f"{verb} {count.turns} finished turn(s) older than {args.older_than} "
         f"({count.steps} journal row(s){blobs}); kept {count.kept} with unresolved "
-        "uncertain effects"
+        f"uncertain effects and {count.kept_open_session} of sessions with an open turn"
     )
     return 0
 
@@ -74,6 +74,7 @@ def _prune_json(count: Any, dry_run: bool) -> dict[str, Any]:
         "turns": count.turns,
         "steps": count.steps,
         "kept": count.kept,
+        "kept_open_session": count.kept_open_session,
         "blobs": count.blobs,
     }
 
@@ -117,18 +118,36 @@ def cmd_uncertain(runtime: Runtime, args: argparse.Namespace) -> int:
 def cmd_resolve(runtime: Runtime, args: argparse.Namespace) -> int:
     _check_inputs(args, "note")
     runtime.require_schema()
+    before = _resolution(runtime, args.turn_id, args.step) if args.replace else None
     effect = uncertain.resolve(
-        runtime, args.turn_id, args.step, args.verdict, note=args.note, by=args.by
+        runtime,
+        args.turn_id,
+        args.step,
+        args.verdict,
+        note=args.note,
+        by=args.by,
+        replace=args.replace,
     )
     r = effect.resolution
     assert r is not None
+    replaced = (
+        f"; replaces {before.verdict} by {before.resolved_by} at {before.resolved_at.isoformat()}"
+        if before is not None
+        else ""
+    )
     print(
         printable(
             f"turn {effect.turn_id} step {effect.step} ({effect.tool}): {r.verdict}, "
-            f"by {r.resolved_by} at {r.resolved_at.isoformat()}"
+            f"by {r.resolved_by} at {r.resolved_at.isoformat()}{replaced}"
         )
     )
     return 0
+
+
+def _resolution(runtime: Runtime, turn_id: str, step: int) -> uncertain.Resolution | None:
+    """The verdict the effect at (turn, step) has now, if any."""
+    effects = uncertain.list_uncertain(runtime, turn_id=turn_id, include_resolved=True)
+    return next((e.resolution for e in effects if e.step == step), None)
 
 
 def cmd_approvals(runtime: Runtime, args: argparse.Namespace) -> int:
@@ -217,6 +236,9 @@ def register(add: Add) -> None:
     verdict.add_argument("--ignore", dest="verdict", action="store_const", const="ignored")
     resolve.add_argument("--note", default=None, help="what you found")
     resolve.add_argument("--by", default=None, help="who (default: user@host)")
+    resolve.add_argument(
+        "--replace", action="store_true", help="replace the verdict it has (kept on record)"
+    )
 
     listing = add("approvals", cmd_approvals, "tool calls waiting for a decision")
     listing.add_argument("--turn", default=None, help="one turn only")

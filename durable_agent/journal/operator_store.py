@@ -60,13 +60,15 @@ class Approval(_Row):
 
 @dataclass(frozen=True, slots=True)
 class PruneCount:
-    """Finished turns (and their journal rows) deleted or to delete; turns kept for their
-    unresolved uncertain effects; blobs deleted."""
+    """Finished turns (and their journal rows) deleted or to delete; old turns kept for
+    their unresolved uncertain effects (``kept``) and because their session has an open
+    turn (``kept_open_session``: counted there whatever their effects); blobs deleted."""
 
     turns: int = 0
     steps: int = 0
     kept: int = 0
     blobs: int = 0
+    kept_open_session: int = 0
 
 
 def _ended(row: Row | None) -> Ended | None:
@@ -110,7 +112,12 @@ class OperatorStore:
     def prune_preview(self, older_than_seconds: float) -> PruneCount:
         row = self.db.one("prune_preview", older_than=older_than_seconds)
         assert row is not None
-        return PruneCount(turns=row["turns"], steps=row["steps"], kept=row["kept"])
+        return PruneCount(
+            turns=row["turns"],
+            steps=row["steps"],
+            kept=row["kept"],
+            kept_open_session=row["kept_open"],
+        )
 
     def prune_turns(self, older_than_seconds: float, batch: int) -> PruneCount:
         """Delete one batch of prunable turns (their journal goes with them)."""
@@ -145,8 +152,16 @@ class OperatorStore:
         )
 
     def record_resolution(
-        self, turn_id: str, step: int, verdict: str, note: str | None, resolved_by: str
-    ) -> datetime:
+        self,
+        turn_id: str,
+        step: int,
+        verdict: str,
+        note: str | None,
+        resolved_by: str,
+        *,
+        replace: bool = False,
+    ) -> datetime | None:
+        """When the verdict was recorded; None when the effect had one and not ``replace``."""
         row = self.db.one(
             "record_resolution",
             turn_id=turn_id,
@@ -154,8 +169,10 @@ class OperatorStore:
             verdict=verdict,
             note=note,
             resolved_by=resolved_by,
+            replace=replace,
         )
-        assert row is not None
+        if row is None:
+            return None
         resolved_at: datetime = row["resolved_at"]
         return resolved_at
 

@@ -110,9 +110,10 @@ def list_uncertain(
     limit: int = 1000,
 ) -> list[UncertainEffect]:
     """Uncertain effects, oldest first: unresolved ones (``include_resolved``: all), of one
-    turn or of one agent's turns if asked."""
+    turn or of one agent's turns if asked. Raises TurnNotFound for an unknown ``turn_id``."""
     if turn_id is not None:
         check_id("turn_id", turn_id)
+        runtime.get_turn(turn_id)  # TurnNotFound: an unknown turn is not an empty inbox
     if agent is not None:
         check_id("agent", agent)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
@@ -133,9 +134,12 @@ def resolve(
     *,
     note: str | None = None,
     by: str | None = None,
+    replace: bool = False,
 ) -> UncertainEffect:
     """Record an operator's verdict on the uncertain effect at (turn, step); the journal is
-    not touched. Raises TurnNotFound, or InvalidArgument when that step is not uncertain."""
+    not touched. An effect that has a verdict keeps it unless ``replace`` (the earlier one
+    stays on record; the latest counts). Raises TurnNotFound, or InvalidArgument when that
+    step is not uncertain or has a verdict and ``replace`` is not given."""
     check_id("turn_id", turn_id)
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise InvalidArgument(f"step must be a whole number, 0 or more, got {step!r}")
@@ -145,9 +149,20 @@ def resolve(
     who = check_by(by)
     runtime.get_turn(turn_id)  # TurnNotFound
     store = OperatorStore(runtime.database)
-    if not store.uncertain_effects(turn_id=turn_id, step=step, include_resolved=True, limit=1):
+    found = store.uncertain_effects(turn_id=turn_id, step=step, include_resolved=True, limit=1)
+    if not found:
         raise InvalidArgument(f"step {step} of turn {turn_id} is not an uncertain effect")
-    store.record_resolution(turn_id, step, verdict, note, who)
+    if store.record_resolution(turn_id, step, verdict, note, who, replace=replace) is None:
+        before = _effects(
+            runtime,
+            store.uncertain_effects(turn_id=turn_id, step=step, include_resolved=True, limit=1),
+        )[0].resolution
+        assert before is not None
+        raise InvalidArgument(
+            f"step {step} of turn {turn_id} was already resolved {before.verdict} by "
+            f"{before.resolved_by} at {before.resolved_at.isoformat()}; "
+            "pass --replace (replace=True) to record a new verdict"
+        )
     log.info("uncertain effect %s step %d resolved %s by %s", turn_id, step, verdict, who)
     rows = store.uncertain_effects(turn_id=turn_id, step=step, include_resolved=True, limit=1)
     return _effects(runtime, rows)[0]

@@ -480,7 +480,9 @@ LEFT JOIN LATERAL durable_agent_next_open(ended.session_id, ended.seq) AS next O
 
 -- name: prune_preview
 -- What prune would delete: finished turns older than the cutoff whose session has no open
--- turn, and the finished turns it keeps for their unresolved uncertain effects.
+-- turn and that have no unresolved uncertain effect; and the old finished turns it keeps:
+-- those of a session with an open turn (kept_open), the others for their unresolved
+-- uncertain effects (kept).
 WITH old AS (
     SELECT t.turn_id,
            EXISTS (SELECT 1 FROM journal AS j
@@ -488,17 +490,20 @@ WITH old AS (
                      AND (j.status = 'intent' OR j.output @> '{"uncertain": true}')
                      AND NOT EXISTS (SELECT 1 FROM resolutions AS r
                                      WHERE r.turn_id = j.turn_id AND r.step = j.step))
-             AS unresolved
+             AS unresolved,
+           EXISTS (SELECT 1 FROM turns AS o WHERE o.session_id = t.session_id
+                   AND o.status IN ('queued', 'running', 'waiting'))
+             AS open_session
     FROM turns AS t
     WHERE t.status IN ('done', 'failed', 'cancelled')
       AND t.finished_at < durable_agent_now() - make_interval(secs => :older_than)
-      AND NOT EXISTS (SELECT 1 FROM turns AS o WHERE o.session_id = t.session_id
-                      AND o.status IN ('queued', 'running', 'waiting'))
 )
-SELECT count(*) FILTER (WHERE NOT unresolved) AS turns,
+SELECT count(*) FILTER (WHERE NOT unresolved AND NOT open_session) AS turns,
        (SELECT count(*) FROM journal AS j
-        WHERE j.turn_id IN (SELECT turn_id FROM old WHERE NOT unresolved)) AS steps,
-       count(*) FILTER (WHERE unresolved) AS kept
+        WHERE j.turn_id IN (SELECT turn_id FROM old
+                            WHERE NOT unresolved AND NOT open_session)) AS steps,
+       count(*) FILTER (WHERE unresolved AND NOT open_session) AS kept,
+       count(*) FILTER (WHERE open_session) AS kept_open
 FROM old;
 
 -- name: prune_turns
@@ -560,9 +565,12 @@ ORDER BY j.created_at, j.turn_id, j.step
 LIMIT :limit;
 
 -- name: record_resolution
--- An operator's verdict on an uncertain effect (the journal row is not touched).
+-- An operator's verdict on an uncertain effect (the journal row is not touched); nothing
+-- when the effect has a verdict already, unless :replace (the earlier ones stay on record).
 INSERT INTO resolutions (turn_id, step, verdict, note, resolved_by, resolved_at)
-VALUES (:turn_id, :step, :verdict, :note, :resolved_by, durable_agent_now())
+SELECT :turn_id, :step, :verdict, :note, :resolved_by, durable_agent_now()
+WHERE :replace OR NOT EXISTS (SELECT 1 FROM resolutions
+                              WHERE turn_id = :turn_id AND step = :step)
 RETURNING resolved_at;
 
 -- name: new_uncertain_notices
