@@ -187,6 +187,11 @@ class Runtime:
         """Postgres is reachable and migrated to this code's version; else a one-line error."""
         require_current(self.database)
 
+    def database_now(self) -> datetime:
+        """Postgres's clock (``durable_agent_now()``), by which every recorded time is taken."""
+        now: datetime = self.database.value("database_now")
+        return now
+
     def check_worker_start(self) -> None:
         """Everything a worker needs before it takes a turn; raises with one line if not.
 

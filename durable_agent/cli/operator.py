@@ -18,7 +18,7 @@ from ..operate import approvals, retention, uncertain
 from ..operate import cancel as control
 from ..operate.cancel import check_by, check_note
 from ..redact import printable
-from .arguments import since_time, whole_number
+from .arguments import since_on_clock, since_time, whole_number
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
@@ -84,7 +84,11 @@ def cmd_uncertain(runtime: Runtime, args: argparse.Namespace) -> int:
     since = since_time(args.since) if args.since is not None else None
     runtime.require_schema()
     effects = uncertain.list_uncertain(
-        runtime, since=since, include_resolved=args.all, turn_id=args.turn, agent=args.agent
+        runtime,
+        since=since_on_clock(since, runtime),
+        include_resolved=args.all,
+        turn_id=args.turn,
+        agent=args.agent,
     )
     if args.json:
         print(json.dumps([e.as_json() for e in effects], indent=2, ensure_ascii=False))

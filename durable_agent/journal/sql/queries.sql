@@ -332,6 +332,10 @@ WHERE status = 'running' AND lease_expires_at > durable_agent_now()
 -- the sweeper
 -- ---------------------------------------------------------------------------------------
 
+-- name: database_now
+-- The clock every recorded time is taken by.
+SELECT durable_agent_now() AS now;
+
 -- name: try_sweep_lock
 -- One sweeper pass at a time across the fleet (held until the transaction ends).
 SELECT pg_try_advisory_xact_lock(:key);
