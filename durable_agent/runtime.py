@@ -199,7 +199,7 @@ class Runtime:
         the model endpoint configured.
         """
         self.require_schema()
-        from .operate.uncertain import hooks
+        from .operate.paging import hooks
 
         hooks(self)  # a DURABLE_AGENT_UNCERTAIN_CALLBACK that cannot be imported stops here
         worker = self.turn_worker()

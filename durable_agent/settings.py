@@ -92,6 +92,13 @@ class Settings(BaseSettings):
     uncertain_callback: str = Field(
         default="", description="'module:function' called with each new uncertain effect"
     )
+    uncertain_hook_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="longest wait for one call of an uncertain-effects hook",
+    )
     prices: str = Field(
         default="",
         description="the spend ledger's price table: MODEL=PROMPT/COMPLETION in USD per "

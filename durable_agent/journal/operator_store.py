@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from .codec import dumps
-from .db import Database, Row, _Connected
+from .db import Database, Row
 from .records import Ended, _Row
 
 
@@ -176,10 +176,20 @@ class OperatorStore:
         resolved_at: datetime = row["resolved_at"]
         return resolved_at
 
-    @staticmethod
-    def new_uncertain_notices(tx: _Connected, batch: int) -> list[tuple[str, int]]:
-        """Inside the caller's transaction: mark a batch of untold effects as told."""
-        return [(r["turn_id"], r["step"]) for r in tx.run("new_uncertain_notices", batch=batch)]
+    def claim_uncertain_notices(
+        self, hooks: list[str], owner: str, hold_seconds: float, batch: int
+    ) -> list[tuple[str, int, str]]:
+        """(turn_id, step, hook) of untold effects, claimed by ``owner`` for a while."""
+        rows = self.db.run(
+            "claim_uncertain_notices", hooks=hooks, owner=owner, hold=hold_seconds, batch=batch
+        )
+        return [(r["turn_id"], r["step"], r["hook"]) for r in rows]
+
+    def notice_told(self, turn_id: str, step: int, hook: str) -> None:
+        self.db.run("notice_told", turn_id=turn_id, step=step, hook=hook)
+
+    def release_notice(self, turn_id: str, step: int, hook: str, owner: str) -> None:
+        self.db.run("release_notice", turn_id=turn_id, step=step, hook=hook, owner=owner)
 
     # -- approvals -------------------------------------------------------------------------
 

@@ -577,21 +577,48 @@ WHERE :replace OR NOT EXISTS (SELECT 1 FROM resolutions
                               WHERE turn_id = :turn_id AND step = :step)
 RETURNING resolved_at;
 
--- name: new_uncertain_notices
--- Uncertain effects nobody was told of yet, marked as told (one batch). The caller's
--- transaction holds them until the hook has them: a hook that fails leaves them untold.
-INSERT INTO uncertain_notices (turn_id, step, notified_at)
-SELECT j.turn_id, j.step, durable_agent_now()
-FROM journal AS j JOIN turns AS t ON t.turn_id = j.turn_id
-WHERE j.replay = 'never'
-  AND (j.output @> '{"uncertain": true}'
-       OR (j.status = 'intent' AND t.status IN ('done', 'failed', 'cancelled')))
-  AND NOT EXISTS (SELECT 1 FROM uncertain_notices AS n
-                  WHERE n.turn_id = j.turn_id AND n.step = j.step)
-ORDER BY j.created_at
-LIMIT :batch
-ON CONFLICT DO NOTHING
-RETURNING turn_id, step;
+-- name: claim_uncertain_notices
+-- Uncertain effects some of :hooks was not told of yet, claimed for :hold seconds by
+-- :owner, one row per (effect, hook), oldest first. A row another pass claimed and still
+-- holds, or that was told, is not taken; one whose claim ran out is (at least once).
+WITH effects AS (
+    SELECT j.turn_id, j.step, j.created_at
+    FROM journal AS j JOIN turns AS t ON t.turn_id = j.turn_id
+    WHERE j.replay = 'never'
+      AND (j.output @> '{"uncertain": true}'
+           OR (j.status = 'intent' AND t.status IN ('done', 'failed', 'cancelled')))
+),
+wanted AS (
+    SELECT e.turn_id, e.step, h.hook
+    FROM effects AS e CROSS JOIN unnest(CAST(:hooks AS text[])) AS h (hook)
+    WHERE NOT EXISTS (SELECT 1 FROM uncertain_notices AS n
+                      WHERE n.turn_id = e.turn_id AND n.step = e.step
+                        AND (n.hook = 'all'
+                             OR (n.hook = h.hook
+                                 AND (n.told_at IS NOT NULL
+                                      OR n.claimed_until > durable_agent_now()))))
+    ORDER BY e.created_at, e.turn_id, e.step, h.hook
+    LIMIT :batch
+)
+INSERT INTO uncertain_notices AS n (turn_id, step, hook, notified_at, claimed_by, claimed_until)
+SELECT turn_id, step, hook, durable_agent_now(), :owner,
+       durable_agent_now() + make_interval(secs => :hold)
+FROM wanted
+ON CONFLICT (turn_id, step, hook) DO UPDATE
+    SET claimed_by = excluded.claimed_by, claimed_until = excluded.claimed_until
+    WHERE n.told_at IS NULL AND n.claimed_until <= durable_agent_now()
+RETURNING n.turn_id, n.step, n.hook;
+
+-- name: notice_told
+-- The claimant told the hook: the notice is done, whoever holds the claim now.
+UPDATE uncertain_notices SET told_at = durable_agent_now(), claimed_until = NULL
+WHERE turn_id = :turn_id AND step = :step AND hook = :hook AND told_at IS NULL;
+
+-- name: release_notice
+-- The claimant could not tell the hook (it raised): the next pass tries again.
+UPDATE uncertain_notices SET claimed_until = durable_agent_now()
+WHERE turn_id = :turn_id AND step = :step AND hook = :hook AND claimed_by = :owner
+  AND told_at IS NULL;
 
 -- name: find_approval
 SELECT turn_id, step, tool, arguments, idempotency_key, requested_at, decision, reason,
