@@ -75,12 +75,21 @@ def resolve_uncertain(
     *,
     note: str | None = None,
     by: str | None = None,
+    replace: bool = False,
     settings: Settings | None = None,
 ) -> UncertainEffect:
-    """Record whether the effect happened (``happened``, ``not_happened``, ``ignored``)."""
+    """Record whether the effect happened (``happened``, ``not_happened``, ``ignored``); an
+    effect with a verdict keeps it (InvalidArgument naming it) unless ``replace``."""
     runtime = runtime_for(settings)
     return uncertain.resolve(
-        runtime.operator_store, runtime.journal, turn_id, step, verdict, note=note, by=by
+        runtime.operator_store,
+        runtime.journal,
+        turn_id,
+        step,
+        verdict,
+        note=note,
+        by=by,
+        replace=replace,
     )
 
 
@@ -91,8 +100,9 @@ def list_approvals(
     settings: Settings | None = None,
 ) -> list[Approval]:
     """Tool calls waiting for a decision, oldest first."""
+    runtime = runtime_for(settings)
     return approvals.list_approvals(
-        runtime_for(settings).operator_store, turn_id=turn_id, include_decided=include_decided
+        runtime.operator_store, runtime.get_turn, turn_id=turn_id, include_decided=include_decided
     )
 
 

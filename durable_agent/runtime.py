@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from .delivery.outage import Outage
     from .delivery.sweeper import Sweeper
     from .delivery.turn_worker import TurnWorker
-    from .operate.uncertain import Hook
+    from .operate.paging import Hook
     from .step.agents import AgentBook
     from .step.faults import Faults
     from .step.model import ModelClient
@@ -204,6 +204,7 @@ class Runtime:
             operator_store=self.operator_store,
             agents=self.agents,
             model=self.model,
+            outage=self.outage,
             faults=faults,
         )
 
@@ -225,23 +226,27 @@ class Runtime:
 
         send(self.celery, session_id, turn_id, queue=queue, message_id=message_id)
 
-    def uncertain_hooks(self) -> list[Hook]:
-        """The hooks told of new uncertain effects (``DURABLE_AGENT_UNCERTAIN_*``)."""
-        from .operate.uncertain import hooks
+    def uncertain_hooks(self) -> dict[str, Hook]:
+        """The hooks told of new uncertain effects, by name (``DURABLE_AGENT_UNCERTAIN_*``)."""
+        from .operate.paging import hooks
 
         return hooks(self.settings, lambda *args, **kwargs: self.celery.send_task(*args, **kwargs))
 
     def notify_uncertain(self) -> int:
         """Tell the hooks of new uncertain effects, once each (a sweeper pass calls this)."""
-        from .operate.uncertain import notify_new
+        from .operate.paging import notify_new
 
-        return notify_new(self.operator_store, self.journal, self.uncertain_hooks)
+        return notify_new(self.operator_store, self.journal, self.settings, self.uncertain_hooks)
 
     # -- checks ---------------------------------------------------------------------------
 
     def require_schema(self) -> None:
         """Postgres is reachable and migrated to this code's version; else a one-line error."""
         require_current(self.database)
+
+    def database_now(self) -> datetime:
+        """Postgres's clock (``durable_agent_now()``), by which every recorded time is taken."""
+        return self.journal.now()
 
     def check_worker_start(self) -> None:
         """Everything a worker needs before it takes a turn; raises with one line if not.
@@ -252,14 +257,32 @@ class Runtime:
         self.require_schema()
         # a DURABLE_AGENT_UNCERTAIN_CALLBACK that cannot be imported stops here
         self.uncertain_hooks()
-        self.turn_worker()
+        worker = self.turn_worker()
         self.agents  # noqa: B018 (a bad agent definition fails the start)
+        self._check_tool_names(worker.faults.armed)
         if not len(self.tools):
             where = ", ".join(self.settings.tool_modules) or "(DURABLE_AGENT_TOOLS is empty)"
             raise ConfigurationError(
                 f"no tools: the tools module(s) {where} define no @tool; "
                 "set DURABLE_AGENT_TOOLS to the module(s) that define your tools"
             )
+
+    def _check_tool_names(self, crash_at: tuple[int | str, str] | None) -> None:
+        """Names of tools in the settings that this worker does not have fail the start: a
+        typo in DURABLE_AGENT_APPROVAL_REQUIRED would let the tool it meant run unasked, one
+        in CRASH_AT would never fire."""
+        from .step.faults import check_tools
+
+        known = set(self.tools.names())
+        for agent in self.agents:
+            known.update(t.name for t in agent.tools)
+        unknown = sorted(self.settings.approval_tools - known)
+        if unknown:
+            raise ConfigurationError(
+                f"DURABLE_AGENT_APPROVAL_REQUIRED names no tool of this worker: "
+                f"{', '.join(unknown)} (its tools: {', '.join(sorted(known)) or 'none'})"
+            )
+        check_tools(crash_at, known)  # type: ignore[arg-type]
 
     # -- the client -----------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from ..inputs import check_id, check_message
 from ..operate.spend import GROUPINGS
 from ..redact import printable
 from ..runtime import Runtime
-from .arguments import count, seconds, since_time
+from .arguments import count, seconds, since_on_clock, since_time
 from .exits import EXIT_FAILED, EXIT_TIMEOUT, error_line
 
 Command = Callable[[Runtime, argparse.Namespace], int]
@@ -109,7 +109,7 @@ def cmd_turns(runtime: Runtime, args: argparse.Namespace) -> int:
 def cmd_spend(runtime: Runtime, args: argparse.Namespace) -> int:
     since = since_time(args.since) if args.since is not None else None
     runtime.require_schema()
-    spends = runtime.spend(args.by, limit=args.limit, since=since)
+    spends = runtime.spend(args.by, limit=args.limit, since=since_on_clock(since, runtime))
     if args.json:
         key = "turn_id" if args.by == "turn" else args.by
         rows = [{key: s.key, **s.as_json()} for s in spends]

@@ -62,12 +62,17 @@ class Sweeper:
         self.leases = leases
         self.outage = outage
         self.publish = publish
-        self.notify_uncertain = notify_uncertain  # uncertain.notify_new, wired by the runtime
+        self.notify_uncertain = notify_uncertain  # paging.notify_new, wired by the runtime
         self.batch = batch
         self.grace_seconds = min(5.0, self.settings.requeue_after_seconds)
 
     def sweep_once(self) -> list[tuple[str, str, str]]:
-        self.notify_uncertain()  # uncertain effects to the configured hooks (uncertain.py)
+        try:
+            self.notify_uncertain()  # uncertain effects to the configured hooks (paging.py)
+        except ServiceUnavailable:
+            raise
+        except DurableAgentError as error:  # paging must not stop the sweep
+            log.warning("uncertain effects not told yet (will retry): %s", error)
         self.leases.end_dead_local_holders()  # their turns are then due as 'claim expired'
         dead_receivers = self.leases.dead_local_receivers()
         with self.leases.sweep_pass(_LOCK_KEY) as tx:

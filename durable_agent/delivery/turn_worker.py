@@ -41,6 +41,7 @@ from ..step.faults import Faults
 from ..step.loop import run_loop
 from ..step.runner import StepRunner
 from .heartbeat import Heartbeat
+from .outage import Outage
 
 ModelCall = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -78,7 +79,7 @@ class Delivery:
 class TurnWorker:
     """Runs turns for one worker process, with the parts the runtime hands it: the
     journal, the claims, the operators' records (cancels, approvals), the agents this
-    process serves and the model client."""
+    process serves, the model client and the process's view of Postgres outages."""
 
     def __init__(
         self,
@@ -89,6 +90,7 @@ class TurnWorker:
         operator_store: OperatorStore,
         agents: AgentBook,
         model: ModelCall,
+        outage: Outage,
         faults: Faults | None = None,
     ) -> None:
         self.settings = settings
@@ -97,6 +99,7 @@ class TurnWorker:
         self.operator_store = operator_store
         self.agents = agents
         self.model = model
+        self.outage = outage
         self.faults = faults if faults is not None else Faults.from_env()
 
     def handle(self, turn_id: str) -> Delivery:
@@ -162,7 +165,13 @@ class TurnWorker:
         delivery = Delivery(turn.turn_id, Outcome.DONE)
         runner: StepRunner | None = None
         # the first claim of a turn finds no journal: none is read then
-        journal = self.store.for_claim(turn.turn_id, claim.epoch, empty=claim.epoch == 1)
+        # the outcome of a never call that ran is kept through a Postgres outage
+        journal = self.store.for_claim(
+            turn.turn_id,
+            claim.epoch,
+            empty=claim.epoch == 1,
+            wait_for_postgres=self._wait_for_postgres,
+        )
         with Heartbeat(self.leases, turn.turn_id, claim.epoch, settings.lease_seconds) as beat:
             try:
                 if turn.attempts > 1:  # resuming: a cancel asked meanwhile stops it here
@@ -241,6 +250,10 @@ class TurnWorker:
                 if runner is not None:
                     delivery.read_back, delivery.executed = runner.read_back, runner.executed
         return delivery
+
+    def _wait_for_postgres(self, error: ServiceUnavailable) -> None:
+        self.outage.report(error)
+        self.outage.wait()
 
     def _give_up(self, claim: Claim) -> Delivery:
         turn = claim.turn

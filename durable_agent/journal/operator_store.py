@@ -7,7 +7,6 @@ decision on an approval is read by the runner when it reaches the call again.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -15,7 +14,6 @@ from typing import Any
 from .codec import dumps
 from .db import Database, Row
 from .notify import announce
-from .passes import LockedPass, locked_pass
 from .records import Ended, _Row
 
 
@@ -63,13 +61,15 @@ class Approval(_Row):
 
 @dataclass(frozen=True, slots=True)
 class PruneCount:
-    """Finished turns (and their journal rows) deleted or to delete; turns kept for their
-    unresolved uncertain effects; blobs deleted."""
+    """Finished turns (and their journal rows) deleted or to delete; old turns kept for
+    their unresolved uncertain effects (``kept``) and because their session has an open
+    turn (``kept_open_session``: counted there whatever their effects); blobs deleted."""
 
     turns: int = 0
     steps: int = 0
     kept: int = 0
     blobs: int = 0
+    kept_open_session: int = 0
 
 
 def _ended(row: Row | None) -> Ended | None:
@@ -113,7 +113,12 @@ class OperatorStore:
     def prune_preview(self, older_than_seconds: float) -> PruneCount:
         row = self.db.one("prune_preview", older_than=older_than_seconds)
         assert row is not None
-        return PruneCount(turns=row["turns"], steps=row["steps"], kept=row["kept"])
+        return PruneCount(
+            turns=row["turns"],
+            steps=row["steps"],
+            kept=row["kept"],
+            kept_open_session=row["kept_open"],
+        )
 
     def prune_turns(self, older_than_seconds: float, batch: int) -> PruneCount:
         """Delete one batch of prunable turns (their journal goes with them)."""
@@ -148,8 +153,16 @@ class OperatorStore:
         )
 
     def record_resolution(
-        self, turn_id: str, step: int, verdict: str, note: str | None, resolved_by: str
-    ) -> datetime:
+        self,
+        turn_id: str,
+        step: int,
+        verdict: str,
+        note: str | None,
+        resolved_by: str,
+        *,
+        replace: bool = False,
+    ) -> datetime | None:
+        """When the verdict was recorded; None when the effect had one and not ``replace``."""
         row = self.db.one(
             "record_resolution",
             turn_id=turn_id,
@@ -157,15 +170,27 @@ class OperatorStore:
             verdict=verdict,
             note=note,
             resolved_by=resolved_by,
+            replace=replace,
         )
-        assert row is not None
+        if row is None:
+            return None
         resolved_at: datetime = row["resolved_at"]
         return resolved_at
 
-    def notice_pass(self, key: int) -> AbstractContextManager[LockedPass | None]:
-        """A transaction holding the fleet-wide lock ``key`` (None: another process is
-        telling), in which ``new_uncertain_notices`` marks a batch as told."""
-        return locked_pass(self.db, key)
+    def claim_uncertain_notices(
+        self, hooks: list[str], owner: str, hold_seconds: float, batch: int
+    ) -> list[tuple[str, int, str]]:
+        """(turn_id, step, hook) of untold effects, claimed by ``owner`` for a while."""
+        rows = self.db.run(
+            "claim_uncertain_notices", hooks=hooks, owner=owner, hold=hold_seconds, batch=batch
+        )
+        return [(r["turn_id"], r["step"], r["hook"]) for r in rows]
+
+    def notice_told(self, turn_id: str, step: int, hook: str) -> None:
+        self.db.run("notice_told", turn_id=turn_id, step=step, hook=hook)
+
+    def release_notice(self, turn_id: str, step: int, hook: str, owner: str) -> None:
+        self.db.run("release_notice", turn_id=turn_id, step=step, hook=hook, owner=owner)
 
     def announce(self, *payloads: str) -> None:
         """Wake the watchers of a turn after a write here ended it (see ``notify.py``)."""

@@ -1,5 +1,5 @@
 """Fleet-wide passes: one transaction that holds an advisory lock, so that across every
-process one pass of a kind runs at a time (a sweeper pass, telling new uncertain effects).
+process one pass of a kind runs at a time (a sweeper pass).
 
 ``locked_pass(db, key)`` yields a :class:`LockedPass` when this transaction took the lock,
 None when another pass holds it; the lock goes with the transaction.
@@ -43,12 +43,6 @@ class LockedPass:
     def mark_sent(self, turn_ids: list[str], message_ids: list[str]) -> None:
         """Record which message is each turn's latest, in this pass's transaction."""
         self.tx.run("mark_sent", turn_ids=turn_ids, message_ids=message_ids)
-
-    def new_uncertain_notices(self, batch: int) -> list[tuple[str, int]]:
-        """Mark a batch of untold uncertain effects as told; (turn_id, step) of each."""
-        return [
-            (r["turn_id"], r["step"]) for r in self.tx.run("new_uncertain_notices", batch=batch)
-        ]
 
 
 @contextmanager

@@ -120,11 +120,17 @@ def approval_gate(
 
 
 def list_approvals(
-    store: OperatorStore, *, turn_id: str | None = None, include_decided: bool = False
+    store: OperatorStore,
+    get_turn: GetTurn,
+    *,
+    turn_id: str | None = None,
+    include_decided: bool = False,
 ) -> list[Approval]:
-    """Calls waiting for a decision (``include_decided``: decided ones too), oldest first."""
+    """Calls waiting for a decision (``include_decided``: decided ones too), oldest first.
+    Raises TurnNotFound for an unknown ``turn_id``."""
     if turn_id is not None:
         check_id("turn_id", turn_id)
+        get_turn(turn_id)  # TurnNotFound: an unknown turn is not an empty list
     return store.list_approvals(turn_id=turn_id, include_decided=include_decided)
 
 

@@ -11,6 +11,12 @@ turn's message is sent. The process ends with ``os._exit(1)``: no cleanup, no ac
 like a killed worker. Tests that act a crash out in their own process give :class:`Faults`
 another ``exit`` (one that raises), so that a point firing by mistake cannot end the test
 run.
+
+A crash point fires once per worker: the processes of one worker (the main process and the
+pool children it forks) share one token, taken by the first to reach the point. A prefork
+child that fired is replaced by Celery, and the replacement is not armed again, so arming
+one crash gives one crash. A worker restarted (a new process) is armed again. An ``exit``
+double acts each crash out in the test's own process, so it fires every time.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Literal, NoReturn
 
 from ..errors import ConfigurationError
@@ -28,11 +34,35 @@ POINTS: tuple[CrashPoint, ...] = ("before_run", "after_run")
 DELIVERY = ("delivery", "before_claim")
 DOORBELL = ("doorbell", "after_commit")
 ENV = "CRASH_AT"
+FORMS = (
+    "<step|tool>:<before_run|after_run> (e.g. 4:after_run, send_email:before_run) "
+    "or delivery:before_claim (or doorbell:after_commit, in an application)"
+)
 
 log = logging.getLogger(__name__)
 
 Exit = Callable[[str], NoReturn]
 """What a fired crash point calls, with what fired: ends the process (``os._exit(1)``)."""
+
+
+class _Token:
+    """One byte in a pipe made before any fork: the process that reads it fires; every
+    process forked from the same worker then finds the pipe empty."""
+
+    def __init__(self) -> None:
+        self._read, write = os.pipe()
+        os.write(write, b"x")
+        os.close(write)
+        os.set_blocking(self._read, False)
+
+    def take(self) -> bool:
+        try:
+            return os.read(self._read, 1) == b"x"
+        except BlockingIOError:
+            return False
+
+
+_token = _Token()  # made at import, in the worker's main process, before the pool forks
 
 
 def parse(spec: str | None) -> tuple[int | str, CrashPoint] | None:
@@ -43,10 +73,20 @@ def parse(spec: str | None) -> tuple[int | str, CrashPoint] | None:
         return tuple(spec.strip().split(":"))  # type: ignore[return-value]
     target, _, point = spec.strip().rpartition(":")
     if not target or point not in POINTS:
-        raise ConfigurationError(
-            f"{ENV}={spec!r}: expected <step|tool>:<before_run|after_run>, e.g. 4:after_run"
-        )
+        raise ConfigurationError(f"{ENV}={spec!r}: expected {FORMS}")
     return (int(target) if target.isdigit() else target), point
+
+
+def check_tools(armed: tuple[int | str, CrashPoint] | None, tools: Iterable[str]) -> None:
+    """A crash point armed for a tool this worker does not have would never fire: refuse."""
+    if armed is None or armed in (DELIVERY, DOORBELL) or not isinstance(armed[0], str):
+        return
+    known = sorted(set(tools))
+    if armed[0] not in known:
+        raise ConfigurationError(
+            f"{ENV}={armed[0]}:{armed[1]}: this worker has no tool {armed[0]!r} "
+            f"(its tools: {', '.join(known) or 'none'}); expected {FORMS}"
+        )
 
 
 class Faults:
@@ -57,22 +97,34 @@ class Faults:
     ) -> None:
         self.armed = armed
         self.exit: Exit = exit if exit is not None else _exit
+        # a real crash fires once per worker (a token its forks share); a test's exit double
+        # acts each crash out in its own process, every time
+        self._once: Callable[[], bool] = _token.take if exit is None else (lambda: True)
 
     @classmethod
     def from_env(cls) -> Faults:
         return cls(parse(os.environ.get(ENV)))
 
     def maybe_crash(self, step: int, point: CrashPoint, name: str = "") -> None:
-        if self.armed is not None and self.armed[1] == point and self.armed[0] in (step, name):
-            self.exit(f"{ENV}={self.armed[0]}:{self.armed[1]} reached at step {step}")
+        armed = self.armed
+        if armed is not None and armed[1] == point and armed[0] in (step, name) and self._take():
+            self.exit(f"{ENV}={armed[0]}:{armed[1]} reached at step {step}")
 
     def maybe_crash_before_claim(self) -> None:
-        if self.armed == DELIVERY:
+        if self.armed == DELIVERY and self._take():
             self.exit(f"{ENV}=delivery:before_claim reached")
 
     def maybe_crash_before_doorbell(self) -> None:
         if self.armed == DOORBELL:
             self.exit(f"{ENV}=doorbell:after_commit reached")
+
+    def _take(self) -> bool:
+        """True for the first process of this worker to reach the point; the others disarm."""
+        if self._once():
+            return True
+        log.info("%s=%s:%s fired in this worker already: disarmed", ENV, *self.armed or ("", ""))
+        self.armed = None
+        return False
 
 
 def _exit(what: str) -> NoReturn:
