@@ -24,6 +24,7 @@ from celery.result import AsyncResult
 from kombu.exceptions import OperationalError as KombuOperationalError
 
 from ..errors import (
+    ConfigurationError,
     DurableAgentError,
     InvalidArgument,
     ServiceUnavailable,
@@ -110,12 +111,13 @@ class AgentTurnTask(TurnTask):
         turn = runtime.journal.create_turn(
             session_id, message, turn_id=turn_id, queue=queue, agent=name
         )
+        result = TurnResult(turn_id, app=self.app)
         if turn.finished:  # the same turn submitted again: nothing to send
-            return self.AsyncResult(turn_id)
+            return result
         options.setdefault("queue", turn.queue or queue)
         runtime.journal.mark_sent([turn_id], [turn_id])
         try:
-            return super().apply_async(
+            super().apply_async(
                 (session_id, message), {**kwargs, "turn_id": turn_id}, task_id=turn_id, **options
             )
         except (KombuOperationalError, OSError) as error:
@@ -125,7 +127,22 @@ class AgentTurnTask(TurnTask):
                 turn_id,
                 error,
             )
-            return self.AsyncResult(turn_id)
+        return result
+
+
+class TurnResult(AsyncResult):  # type: ignore[misc]
+    """The ``AsyncResult`` of ``agent_turn.delay()``: its id is the turn id. ``get()``
+    reads the end of the turn that whichever worker ended it stored under that id (no task
+    stores its own return value); without ``DURABLE_AGENT_RESULT_BACKEND`` it says to use
+    ``wait_for_turn`` instead of returning None."""
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.app.conf.result_backend:
+            raise ConfigurationError(
+                "no result backend is configured (DURABLE_AGENT_RESULT_BACKEND): use "
+                f"wait_for_turn({self.id!r}) or get_turn(), which read Postgres"
+            )
+        return super().get(*args, **kwargs)
 
 
 AGENT_TURN_HINT = (
