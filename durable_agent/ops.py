@@ -29,7 +29,13 @@ def cancel_turn(
     ``cancelled`` with who and why, and its session goes on. Never cuts a call in half."""
     runtime = runtime_for(settings)
     return control.cancel(
-        runtime.operator_store, runtime.get_turn, runtime.enqueue, turn_id, reason, by=by
+        runtime.operator_store,
+        runtime.get_turn,
+        runtime.enqueue,
+        turn_id,
+        reason,
+        by=by,
+        store_end=runtime.store_end,
     )
 
 

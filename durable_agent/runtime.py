@@ -226,6 +226,13 @@ class Runtime:
 
         send(self.celery, session_id, turn_id, queue=queue, message_id=message_id)
 
+    def store_end(self, turn_id: str) -> None:
+        """Keep the end of the turn in Celery's result backend, if one is set, for
+        ``agent_turn.delay(...).get()`` (see ``delivery/results.py``)."""
+        from .delivery.results import store_end
+
+        store_end(self, turn_id)
+
     def uncertain_hooks(self) -> dict[str, Hook]:
         """The hooks told of new uncertain effects, by name (``DURABLE_AGENT_UNCERTAIN_*``)."""
         from .operate.paging import hooks

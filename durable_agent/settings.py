@@ -36,6 +36,11 @@ class Settings(BaseSettings):
         default="redis://127.0.0.1:6379/0",
         description="the Celery broker (redis://, rediss://, amqp://)",
     )
+    result_backend: str = Field(
+        default="",
+        description="Celery's result_backend (e.g. the broker's Redis): agent_turn.delay()"
+        ".get() returns the reply ('': none; use wait_for_turn)",
+    )
     queue: str = Field(
         default="durable-agent",
         description="the Celery queue of the default agent; a turn stays on the queue it was "
@@ -193,6 +198,13 @@ class Settings(BaseSettings):
         check_broker_url(url)
         return url
 
+    @field_validator("result_backend")
+    @classmethod
+    def _result_backend_is_redis(cls, url: str) -> str:
+        if url:
+            check_result_backend(url)
+        return url
+
     @field_validator("queue", "model")
     @classmethod
     def _a_name(cls, value: str) -> str:
@@ -287,6 +299,20 @@ def load_settings() -> Settings:
         return Settings()
     except ValidationError as error:
         raise settings_error(error) from None
+
+
+def check_result_backend(url: str) -> None:
+    """Raise ValueError unless ``url`` is a result backend we store turns' ends in (Redis)."""
+    scheme = url.partition("://")[0].lower()
+    if scheme not in ("redis", "rediss"):
+        raise ValueError(
+            "bad result backend: durable-agent stores turns' results in Redis "
+            "(redis:// or rediss://, e.g. the broker's URL)"
+        )
+    try:
+        check_broker_url(url)
+    except ValueError as error:
+        raise ValueError(str(error).replace("bad broker URL", "bad result backend", 1)) from None
 
 
 def check_broker_url(url: str) -> None:

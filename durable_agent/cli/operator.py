@@ -49,6 +49,7 @@ def cmd_cancel(runtime: Runtime, args: argparse.Namespace) -> int:
         args.turn_id,
         args.reason,
         by=args.by,
+        store_end=runtime.store_end,
     )
     if args.json:
         print(json.dumps(result.as_json(), indent=2, ensure_ascii=False))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -39,14 +38,8 @@ def cmd_worker(runtime: Runtime, args: argparse.Namespace) -> int:
         served = ",".join(dict.fromkeys(name for group in args.agent for name in group))
         runtime = Runtime(runtime.settings.model_copy(update={"serve_agents": served}))
     runtime.check_worker_start()
-    for agent in runtime.agents:
-        if runtime.agents.serves(agent.name):
-            labels = ", ".join(f"{t.name} ({t.replay})" for t in agent.tools) or "none"
-            print(
-                f"durable-agent worker: agent {agent.name!r} on queue {agent.queue!r}, "
-                f"model {agent.model}, tools: {labels}",
-                file=sys.stderr,
-            )
+    # the queues Celery consumes (ours, or -Q among the Celery arguments) are checked against
+    # the agents served, and named, as the worker starts (delivery.celery_app)
     argv = worker_argv(runtime.queues, args.loglevel, args.celery_args)
     # worker_main() drops the worker's exit code; a worker that stops on an unrecoverable
     # error must exit non-zero, so that a supervisor restarts it.
