@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery, signals
 
 from ..errors import ConfigurationError, DurableAgentError
+from ..redact import escape_log_lines
 from ..settings import Settings
 from .broker import transport_for
 from .celery_tasks import SWEEP
@@ -117,6 +118,15 @@ def _stop_sweeper(sender: Any = None, **_: Any) -> None:
         _sweepers.pop(id(runtime)).stop()
 
 
+def _escape_log_lines(logger: logging.Logger | None = None, **_: Any) -> None:
+    """Every line the worker logs is one line, credentials out (see OneLineLogFilter): a
+    reply or a tool's output can neither forge a log line nor leak a configured secret."""
+    if logger is not None:
+        escape_log_lines(logger.handlers)
+
+
+signals.after_setup_logger.connect(_escape_log_lines)
+signals.after_setup_task_logger.connect(_escape_log_lines)
 signals.worker_init.connect(_check_before_start)
 signals.worker_ready.connect(_start_sweeper)
 signals.worker_shutdown.connect(_stop_sweeper)
