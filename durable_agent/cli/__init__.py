@@ -31,9 +31,10 @@ from ..errors import (
 )
 from ..inputs import check_id, check_message
 from ..operate.spend import GROUPINGS
-from ..redact import printable
+from ..redact import escape_log_lines, printable
 from ..runtime import Runtime
 from ..settings import load_settings
+from ..usage import OneLineParser
 from .arguments import since_time, whole_number
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NOT_FOUND = 1, 2, 3, 4
@@ -259,6 +260,23 @@ def cmd_evals(runtime: Runtime, args: argparse.Namespace) -> int:
 
 
 _HANDED_ON = ("eval", "demo")  # their arguments are parsed by durable_agent.evals.commands
+_TEST_KIT = "model-server"  # handed to python -m durable_agent.testing (no settings needed)
+
+EPILOG = """\
+exit codes: 0 success; 1 the command failed (a failed turn, an unreachable service, a
+refused cancel); 2 a usage or configuration error; 3 wait or watch timed out; 4 no turn
+has that id (wait, watch, journal, cancel, ...); 130 interrupted. worker exits with the
+Celery worker's own code.
+
+the test kit (extra 'testing'): durable-agent model-server --policy email [--port P] runs
+the scripted OpenAI-compatible model server (GET /_stats, POST /_reset, /_fail, /_delay,
+/_hold, /_release); python -m durable_agent.testing inbox | payments run the SMTP test
+inbox and the payments sandbox. The README's "Test kit" section documents them and the
+pytest fixtures."""
+
+
+def cmd_model_server(runtime: Runtime, args: argparse.Namespace) -> int:
+    raise AssertionError("handed on in main()")  # pragma: no cover
 
 
 Command = Callable[[Runtime, argparse.Namespace], int]
@@ -285,9 +303,11 @@ def _names(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="durable-agent",
         description="Crash-safe AI agent turns: a durable step journal in Postgres, run by Celery.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -369,13 +389,35 @@ def build_parser() -> argparse.ArgumentParser:
     add_operator_commands(add)  # cancel, prune, uncertain, resolve, approvals, approve, deny
     add("eval", cmd_evals, "the evals of the pattern: crash-matrix, heed-note, two-workers, replay")
     add("demo", cmd_evals, "run a turn, kill its worker mid-way, watch another worker finish it")
+    add(
+        _TEST_KIT,
+        cmd_model_server,
+        "the test kit's scripted OpenAI-compatible model server (--policy NAME or "
+        "module:function; --help for its options)",
+    )
     return parser
+
+
+def run_model_server(argv: list[str]) -> int:
+    """``durable-agent model-server ...`` is ``python -m durable_agent.testing model-server``."""
+    try:
+        from ..testing.__main__ import main as test_kit_main
+    except ImportError as error:
+        error_line(
+            f"error: the model server needs the 'testing' extra: "
+            f"pip install 'durable-agent[testing]' ({error})"
+        )
+        return EXIT_USAGE
+    return test_kit_main(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     command_at = next((i for i, arg in enumerate(argv) if not arg.startswith("-")), len(argv))
+    if command_at < len(argv) and argv[command_at] == _TEST_KIT:
+        parser.parse_args(argv[: command_at + 1])  # -v and the like, checked
+        return run_model_server(argv[command_at:])
     if command_at < len(argv) and argv[command_at] in _HANDED_ON:
         args = parser.parse_args(argv[: command_at + 1])
         args.eval_argv = argv[command_at:]
@@ -389,6 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    escape_log_lines(logging.getLogger().handlers)
     runtime: Runtime | None = None
     try:
         runtime = Runtime(load_settings())
