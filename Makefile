@@ -7,14 +7,14 @@ DBOS_VERSION ?= 3.4.0
 # The suite runs in three processes: most of its time is spent waiting on real workers.
 PYTEST_ARGS ?= -n 3 --dist worksteal
 
-.PHONY: install test test-compose unit lint format demo bench bench-quick bench-peers clean
+.PHONY: install test test-compose unit lint format demo docs bench bench-quick bench-peers clean
 
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,evals,embedded]'
+	$(BIN)/pip install --quiet -e '.[test,evals,embedded,docs,sqlalchemy,examples]'
 	touch $@
 
 test: install
@@ -39,8 +39,13 @@ format: install
 demo: install
 	$(BIN)/durable-agent demo
 
+# the documentation site, into site/; --strict: a broken link or a missing reference fails
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# the figures of the docs' benchmarks page (docs/bench-results.json, committed)
 bench: install
-	$(BIN)/python -m bench --json bench-results.json
+	$(BIN)/python -m bench --json docs/bench-results.json
 
 # one round of each benchmark, tables up to 100,000 rows: a few minutes, for CI
 bench-quick: install
@@ -58,4 +63,4 @@ $(PEERS_VENV)/.installed-dbos-$(DBOS_VERSION): pyproject.toml
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(PEERS_VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(PEERS_VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info site

@@ -23,6 +23,7 @@ def start_turn(
     turn_id: str | None = None,
     agent: str | None = None,
     settings: Settings | None = None,
+    connection: object | None = None,
 ) -> str:
     """Record a turn of ``agent`` (the environment's ``default`` agent when None) in
     Postgres, then enqueue it on the agent's queue; returns the turn id.
@@ -30,8 +31,16 @@ def start_turn(
     The turn is durable once this returns, even if the broker is down: the sweeper
     enqueues turns that were recorded but never sent. Passing your own ``turn_id`` makes a
     retried call return the same turn instead of creating a second one.
+
+    ``connection``: record the turn in your own transaction instead, on a SQLAlchemy
+    ``Session`` or ``Connection`` (on the psycopg 3 driver) or a psycopg 3 connection. The
+    turn exists only if that transaction commits, and its message is sent only after the
+    commit (SQLAlchemy: from the commit event; psycopg: by the sweeper, after its grace
+    period). A rollback leaves no turn and sends nothing.
     """
-    return runtime_for(settings).start_turn(session_id, message, turn_id=turn_id, agent=agent)
+    return runtime_for(settings).start_turn(
+        session_id, message, turn_id=turn_id, agent=agent, connection=connection
+    )
 
 
 def get_turn(turn_id: str, *, settings: Settings | None = None) -> Turn:
@@ -46,7 +55,8 @@ def wait_for_turn(
     poll_seconds: float = DEFAULT_POLL_SECONDS,
     settings: Settings | None = None,
 ) -> Turn:
-    """Wait until the turn is done or failed; raises TimeoutError after ``timeout`` seconds.
+    """Wait until the turn ends (done, failed or cancelled); raises TimeoutError after
+    ``timeout`` seconds (a turn waiting for an approval has not ended: the error says so).
 
     It wakes when Postgres announces the turn's end (LISTEN/NOTIFY); ``poll_seconds`` is how
     often it reads anyway, so a lost announcement costs latency, never a hang."""
@@ -62,8 +72,8 @@ def stream_turn(
     settings: Settings | None = None,
 ) -> Generator[TurnEvent, None, None]:
     """Each finished step of the turn after ``after_step`` (-1: from the start), in order, as
-    it is recorded, then one ``end`` event (the turn done or failed, with its reply or
-    error). Resume from any step with ``after_step=<the last step you got>``: nothing is
+    it is recorded, then one ``end`` event (the turn done, failed or cancelled, with its
+    reply or error). Resume from any step with ``after_step=<the last step you got>``: nothing is
     skipped and nothing comes twice, also when another worker resumes the turn after a
     crash. TimeoutError after ``timeout`` seconds without the end (None: no limit)."""
     return runtime_for(settings).stream_turn(

@@ -51,8 +51,8 @@ def list_uncertain(
     agent: str | None = None,
     settings: Settings | None = None,
 ) -> list[UncertainEffect]:
-    """never calls whose outcome is unknown, oldest first (unresolved ones by default), of
-    one turn or one agent's turns if asked."""
+    """Calls of ``never`` tools whose outcome is unknown, oldest first (unresolved ones by
+    default), of one turn or one agent's turns if asked."""
     return uncertain.list_uncertain(
         runtime_for(settings),
         since=since,

@@ -236,6 +236,7 @@ class Runtime:
         *,
         turn_id: str | None = None,
         agent: str | None = None,
+        connection: object | None = None,
     ) -> str:
         """Record a turn of ``agent`` (``default`` when None) in Postgres, then enqueue it
         on the agent's queue; returns the turn id.
@@ -243,11 +244,21 @@ class Runtime:
         The turn is durable once this returns, even if the broker is down: the sweeper
         enqueues turns that were recorded but never sent. Passing your own ``turn_id`` makes
         a retried call return the same turn instead of creating a second one.
+
+        With ``connection`` (a SQLAlchemy Session or Connection, or a psycopg 3 connection)
+        the turn is recorded in that connection's transaction and enqueued only after it
+        commits; a rollback leaves no turn (see ``app_transaction.py``).
         """
         check_id("session_id", session_id)
         check_message(message, self.settings.max_message_bytes)
         if turn_id is not None:
             check_id("turn_id", turn_id)
+        if connection is not None:
+            from .app_transaction import start_in_transaction
+
+            return start_in_transaction(
+                self, connection, session_id, message, turn_id=turn_id, agent=agent
+            )
         name, queue = self.agent_queue(agent)
         turn = self.journal.create_turn(
             session_id, message, turn_id=turn_id, queue=queue, agent=name
@@ -294,8 +305,9 @@ class Runtime:
     def spend(
         self, by: str = "turn", limit: int = 50, since: datetime | None = None
     ) -> list[Spend]:
-        """The spend ledger per turn (newest first) or per day (latest first): model calls
-        and tokens, crash waste and what the journal saved (see ``spend.py``)."""
+        """The spend ledger per turn (newest first), per agent, or per day (latest first),
+        of the turns created since ``since`` if given: model calls and tokens, crash waste
+        and what the journal saved (``by``: ``"turn"``, ``"agent"`` or ``"day"``)."""
         check_grouping(by)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
             raise InvalidArgument(f"limit must be a whole number from 1 to {MAX_LIST}")

@@ -30,9 +30,19 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="DURABLE_AGENT_", extra="ignore", frozen=True)
 
-    database_url: str = "postgresql://root@127.0.0.1:5432/root"
-    broker_url: str = "redis://127.0.0.1:6379/0"
-    queue: str = "durable-agent"
+    database_url: str = Field(
+        default="postgresql://root@127.0.0.1:5432/root",
+        description="the journal: a Postgres URL (psycopg 3)",
+    )
+    broker_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        description="the Celery broker (redis://, rediss://, amqp://)",
+    )
+    queue: str = Field(
+        default="durable-agent",
+        description="the Celery queue of the default agent; a turn stays on the queue it was "
+        "recorded with",
+    )
     tools: str = Field(default="", description="comma-separated modules that define the tools")
     agents: str = Field(
         default="",
@@ -47,49 +57,108 @@ class Settings(BaseSettings):
         description="override labels, e.g. 'send_email=safe': only to show what a wrong label does",
     )
 
-    model: str = "gpt-4o-mini"
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    model: str = Field(
+        default="gpt-4o-mini",
+        description="the model name sent to Chat Completions by the default agent",
+    )
+    system_prompt: str = Field(
+        default=DEFAULT_SYSTEM_PROMPT,
+        description="the default agent's instructions; the default tells the model to check "
+        "after 'may or may not have happened'",
+    )
     openai_base_url: str | None = Field(
         default=None,
         validation_alias=AliasChoices("DURABLE_AGENT_OPENAI_BASE_URL", "OPENAI_BASE_URL"),
+        description="any OpenAI-compatible endpoint (unset: OpenAI's)",
     )
     openai_api_key: str | None = Field(
         default=None,
         validation_alias=AliasChoices("DURABLE_AGENT_OPENAI_API_KEY", "OPENAI_API_KEY"),
+        description="the endpoint's API key",
     )
-    model_timeout_seconds: float = Field(default=120.0, gt=0, le=3600, allow_inf_nan=False)
-    model_max_retries: int = Field(default=4, ge=0, le=50)
+    model_timeout_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="seconds per model request",
+    )
+    model_max_retries: int = Field(
+        default=4, ge=0, le=50, description="SDK retries of 429, 5xx and timeouts"
+    )
 
-    lease_seconds: float = Field(default=6.0, ge=0.5, le=3600, allow_inf_nan=False)
-    max_steps: int = Field(default=64, ge=1, le=100_000)
+    lease_seconds: float = Field(
+        default=6.0,
+        ge=0.5,
+        le=3600,
+        allow_inf_nan=False,
+        description="claim length; the heartbeat renews the claim every third of it",
+    )
+    max_steps: int = Field(
+        default=64, ge=1, le=100_000, description="step cap of a turn (a runaway loop fails)"
+    )
     max_crashes: int = Field(
         default=5, ge=1, le=1000, description="worker deaths before a turn fails"
     )
-    retry_backoff_max_seconds: float = Field(default=300.0, gt=0, le=86_400, allow_inf_nan=False)
+    retry_backoff_max_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        le=86_400,
+        allow_inf_nan=False,
+        description="cap of the backoff while the model API is down",
+    )
     max_message_bytes: int = Field(
-        default=256 * 1024, ge=1, le=64 * 1024 * 1024, description="largest user message"
+        default=256 * 1024,
+        ge=1,
+        le=64 * 1024 * 1024,
+        description="the largest user message start_turn accepts (UTF-8 bytes)",
     )
 
-    sweep_interval_seconds: float = Field(default=1.0, gt=0, le=3600, allow_inf_nan=False)
-    requeue_after_seconds: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False)
-    run_sweeper: bool = True
+    sweep_interval_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="how often the sweeper looks for turns to send again",
+    )
+    requeue_after_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        le=86_400,
+        allow_inf_nan=False,
+        description="a queue with nothing sent or received for this long gets its oldest "
+        "unreceived turn sent again, as a probe",
+    )
+    run_sweeper: bool = Field(default=True, description="run the sweeper inside each worker")
     end_dead_local_claims: bool = Field(
         default=True,
         description="end at once a claim whose holder died on this machine (pid gone)",
     )
-    visibility_timeout_seconds: int = Field(default=3600, ge=1, le=30 * 86_400)
+    visibility_timeout_seconds: int = Field(
+        default=3600,
+        ge=1,
+        le=30 * 86_400,
+        description="Redis' visibility timeout (recovery does not wait for it)",
+    )
 
-    blob_threshold_bytes: int = Field(default=16 * 1024, ge=256, le=64 * 1024 * 1024)
+    blob_threshold_bytes: int = Field(
+        default=16 * 1024,
+        ge=256,
+        le=64 * 1024 * 1024,
+        description="outputs larger than this go to the blobs table",
+    )
 
     # operating it (control.py, uncertain.py, approvals.py)
     approval_required: str = Field(
         default="", description="comma-separated tools whose calls wait for a person's approval"
     )
     uncertain_task: str = Field(
-        default="", description="Celery task sent each new uncertain effect (its JSON)"
+        default="",
+        description="a Celery task name: each new uncertain effect is sent to it as JSON",
     )
     uncertain_queue: str = Field(
-        default="", description="the queue of uncertain_task ('' : <queue>.uncertain)"
+        default="",
+        description="the queue DURABLE_AGENT_UNCERTAIN_TASK is sent to (empty: <queue>.uncertain)",
     )
     uncertain_callback: str = Field(
         default="", description="'module:function' called with each new uncertain effect"
@@ -97,7 +166,7 @@ class Settings(BaseSettings):
     prices: str = Field(
         default="",
         description="the spend ledger's price table: MODEL=PROMPT/COMPLETION in USD per "
-        "million tokens, comma-separated, e.g. 'gpt-4o-mini=0.15/0.60'",
+        "million tokens, comma-separated, by the model name sent, e.g. 'gpt-4o-mini=0.15/0.60'",
     )
 
     def model_post_init(self, context: Any, /) -> None:

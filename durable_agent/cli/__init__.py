@@ -320,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("migrate", cmd_migrate, "create or upgrade the tables (safe to run concurrently)")
 
     worker = add("worker", cmd_worker, "run a Celery worker for turns (extra args go to Celery)")
-    worker.add_argument("--loglevel", default="INFO")
+    worker.add_argument("--loglevel", default="INFO", help="Celery's log level")
     worker.add_argument(
         "--agent",
         action="append",
@@ -346,11 +346,11 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("message", help="the user's message")
 
     wait = add("wait", cmd_wait, "wait for a turn; print its reply (exit 0 only when done)")
-    wait.add_argument("turn_id")
+    wait.add_argument("turn_id", help="the turn's id (submit prints it)")
     wait.add_argument("--timeout", type=_seconds, default=60.0, help="seconds (default 60)")
 
     watch = add("watch", cmd_watch, "print a turn's steps live as they are recorded, then its end")
-    watch.add_argument("turn_id")
+    watch.add_argument("turn_id", help="the turn's id (submit prints it)")
     watch.add_argument(
         "--after-step",
         type=int,
@@ -364,13 +364,13 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--json", action="store_true", help="one JSON object per line")
 
     journal = add("journal", cmd_journal, "show a turn's journal")
-    journal.add_argument("turn_id")
+    journal.add_argument("turn_id", help="the turn's id (submit prints it)")
     journal.add_argument("--json", action="store_true", help="a JSON array of steps")
 
     turns = add("turns", cmd_turns, "list turns, newest first (or one session in order)")
-    turns.add_argument("--session", default=None)
+    turns.add_argument("--session", default=None, help="one session's turns, in order")
     turns.add_argument("--limit", type=_count, default=50, help="at most this many (1-10000)")
-    turns.add_argument("--json", action="store_true")
+    turns.add_argument("--json", action="store_true", help="a JSON array of turns")
 
     spend = add(
         "spend", cmd_spend, "model calls and tokens, what crashes wasted, what the journal saved"
@@ -378,10 +378,10 @@ def build_parser() -> argparse.ArgumentParser:
     spend.add_argument("--by", choices=GROUPINGS, default="turn", help="group per (default turn)")
     spend.add_argument("--limit", type=_count, default=50, help="at most this many rows")
     spend.add_argument("--since", default=None, help="turns created since an age (7d) or time")
-    spend.add_argument("--json", action="store_true")
+    spend.add_argument("--json", action="store_true", help="a JSON array of rows")
 
     replay = add("replay", cmd_replay, "replay a done turn with the model switched off")
-    replay.add_argument("turn_id")
+    replay.add_argument("turn_id", help="the turn's id (submit prints it)")
     replay.add_argument("--json", action="store_true", help="print the report as JSON")
 
     from .operator import register as add_operator_commands

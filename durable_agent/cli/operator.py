@@ -188,51 +188,67 @@ _batch = whole_number(1, 10_000)
 def register(add: Add) -> None:
     """Add the operator's commands to the ``durable-agent`` parser."""
     cancel = add("cancel", cmd_cancel, "stop a turn at its next step boundary; it ends cancelled")
-    cancel.add_argument("turn_id")
+    cancel.add_argument("turn_id", help="the turn's id (submit prints it)")
     cancel.add_argument("--reason", default=None, help="why (recorded with who and when)")
     cancel.add_argument("--by", default=None, help="who (default: user@host)")
-    cancel.add_argument("--json", action="store_true")
+    cancel.add_argument("--json", action="store_true", help="print the result as JSON")
 
     prune = add("prune", cmd_prune, "delete finished turns older than an age, with their journal")
     prune.add_argument("--older-than", required=True, help="an age: 30d, 12h, 90m, 2w")
     prune.add_argument("--dry-run", action="store_true", help="only count what would go")
     prune.add_argument("--batch", type=_batch, default=500, help="turns per transaction")
-    prune.add_argument("--json", action="store_true")
+    prune.add_argument("--json", action="store_true", help="print the counts as JSON")
 
     inbox = add("uncertain", cmd_uncertain, "never calls whose outcome is unknown")
     inbox.add_argument("--since", default=None, help="an age (2h, 7d) or an ISO time")
     inbox.add_argument("--turn", default=None, help="one turn only")
     inbox.add_argument("--agent", default=None, help="the turns of one agent only")
     inbox.add_argument("--all", action="store_true", help="resolved ones too")
-    inbox.add_argument("--json", action="store_true")
+    inbox.add_argument("--json", action="store_true", help="a JSON array of effects")
 
     resolve = add("resolve", cmd_resolve, "record whether an uncertain effect happened")
-    resolve.add_argument("turn_id")
-    resolve.add_argument("step", type=_step)
+    resolve.add_argument("turn_id", help="the turn's id (submit prints it)")
+    resolve.add_argument("step", type=_step, help="the step of the uncertain call")
     verdict = resolve.add_mutually_exclusive_group(required=True)
-    verdict.add_argument("--happened", dest="verdict", action="store_const", const="happened")
     verdict.add_argument(
-        "--not-happened", dest="verdict", action="store_const", const="not_happened"
+        "--happened",
+        dest="verdict",
+        action="store_const",
+        const="happened",
+        help="the effect took place",
     )
-    verdict.add_argument("--ignore", dest="verdict", action="store_const", const="ignored")
+    verdict.add_argument(
+        "--not-happened",
+        dest="verdict",
+        action="store_const",
+        const="not_happened",
+        help="the effect did not take place",
+    )
+    verdict.add_argument(
+        "--ignore",
+        dest="verdict",
+        action="store_const",
+        const="ignored",
+        help="leave it: it does not matter",
+    )
     resolve.add_argument("--note", default=None, help="what you found")
     resolve.add_argument("--by", default=None, help="who (default: user@host)")
 
     listing = add("approvals", cmd_approvals, "tool calls waiting for a decision")
     listing.add_argument("--turn", default=None, help="one turn only")
     listing.add_argument("--all", action="store_true", help="decided ones too")
-    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--json", action="store_true", help="a JSON array of calls")
 
     approve = add("approve", cmd_decide, "let a waiting tool call run; the turn resumes")
-    approve.add_argument("turn_id")
-    approve.add_argument("step", type=_step)
-    approve.add_argument("--note", default=None)
+    approve.add_argument("turn_id", help="the turn's id (submit prints it)")
+    approve.add_argument("step", type=_step, help="the step of the waiting call")
+    approve.add_argument("--note", default=None, help="recorded with the decision")
     approve.add_argument("--by", default=None, help="who (default: user@host)")
     approve.set_defaults(decision="approved", reason=None)
 
     deny = add("deny", cmd_decide, "refuse a waiting tool call; the model reads the reason")
-    deny.add_argument("turn_id")
-    deny.add_argument("step", type=_step)
+    deny.add_argument("turn_id", help="the turn's id (submit prints it)")
+    deny.add_argument("step", type=_step, help="the step of the waiting call")
     deny.add_argument("--reason", required=True, help="what the model is told")
     deny.add_argument("--by", default=None, help="who (default: user@host)")
     deny.set_defaults(decision="denied", note=None)

@@ -297,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     replay = kinds.add_parser("replay", help="replay a done turn with the model switched off")
     replay.set_defaults(func=cmd_replay)
-    replay.add_argument("turn_id")
+    replay.add_argument("turn_id", help="the turn's id (submit prints it)")
     replay.add_argument("--json", action="store_true", help="print the report as JSON")
     matrix = kinds.add_parser(
         "crash-matrix",
@@ -334,8 +334,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="STEP:POINT",
         help="crash only there (repeatable), e.g. 3:after_run or send_email:after_run",
     )
-    matrix.add_argument("--lease-seconds", type=seconds(0.5, 3600), default=2.0)
-    matrix.add_argument("--sweep-interval", type=seconds(0.01, 3600), default=0.5)
+    matrix.add_argument(
+        "--lease-seconds",
+        type=seconds(0.5, 3600),
+        default=2.0,
+        help="the workers' lease (default 2)",
+    )
+    matrix.add_argument(
+        "--sweep-interval",
+        type=seconds(0.01, 3600),
+        default=0.5,
+        help="seconds between sweeps (default 0.5)",
+    )
     matrix.add_argument("--data-dir", help="where embedded servers keep data (if needed)")
 
     two = kinds.add_parser(
@@ -349,9 +359,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="the workers' Celery pool (prefork: a crash kills the pool child)",
     )
     two.set_defaults(func=cmd_two_workers)
-    two.add_argument("--lease-seconds", type=seconds(0.5, 3600), default=5.0)
-    two.add_argument("--json", metavar="PATH")
-    two.add_argument("--data-dir")
+    two.add_argument(
+        "--lease-seconds",
+        type=seconds(0.5, 3600),
+        default=5.0,
+        help="the workers' lease (default 5)",
+    )
+    two.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    two.add_argument("--data-dir", help="where embedded servers keep data (if needed)")
 
     heed = kinds.add_parser(
         "heed-note",
@@ -364,7 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the workers' Celery pool (prefork: a crash kills the pool child)",
     )
     heed.set_defaults(func=cmd_heed_note)
-    heed.add_argument("--runs", type=whole_number(1, 10_000), default=20)
+    heed.add_argument(
+        "--runs", type=whole_number(1, 10_000), default=20, help="how many turns to interrupt"
+    )
     heed.add_argument(
         "--policy",
         default="refund",
@@ -374,8 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     heed.add_argument(
         "--scripted", action="store_true", help="use the scripted model even if OPENAI_* is set"
     )
-    heed.add_argument("--json", metavar="PATH")
-    heed.add_argument("--data-dir")
+    heed.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    heed.add_argument("--data-dir", help="where embedded servers keep data (if needed)")
     return parser
 
 

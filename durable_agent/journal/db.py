@@ -99,14 +99,21 @@ _CHOICES = {
 
 
 class _Connected:
-    """Runs named queries on one psycopg connection."""
+    """Runs named queries on one psycopg connection.
 
-    def __init__(self, conn: psycopg.Connection[Row]) -> None:
+    Our own connections prepare every statement on the server (``prepare=True``); on a
+    connection the application lends us (``prepare=None``) psycopg's own setting decides, so
+    an application behind a transaction-mode pooler that turned preparing off keeps it off.
+    Rows are dicts whatever the connection's row factory is.
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any], *, prepare: bool | None = True) -> None:
         self.conn = conn
+        self.prepare = prepare
 
     def run(self, name: str, /, **params: Any) -> list[Row]:
         """Every row the query returns ([] for a statement that returns none)."""
-        return _run(self.conn, query(name), params)
+        return _run(self.conn, query(name), params, prepare=self.prepare)
 
     def one(self, name: str, /, **params: Any) -> Row | None:
         rows = self.run(name, **params)
@@ -121,19 +128,27 @@ class _Connected:
         self.conn.execute(sql.encode(), prepare=False)
 
 
+def on_connection(conn: psycopg.Connection[Any]) -> _Connected:
+    """Named queries on a connection the application lends us, in its transaction."""
+    return _Connected(conn, prepare=None)
+
+
 def _run(
-    conn: psycopg.Connection[Row],
+    conn: psycopg.Connection[Any],
     q: Query,
     params: dict[str, Any],
     make: Callable[..., Any] | None = None,
+    *,
+    prepare: bool | None = True,
 ) -> list[Any]:
     if params.keys() != q.parameters:
         raise TypeError(f"query {q.name} takes {sorted(q.parameters)}, got {sorted(params)}")
     try:
         if make is None:
-            cursor: psycopg.Cursor[Any] = conn.execute(q.sql, params, prepare=True)
+            cursor: psycopg.Cursor[Any] = conn.cursor(row_factory=dict_row)
         else:  # each row straight into make(*columns): no dict per row
-            cursor = conn.cursor(row_factory=args_row(make)).execute(q.sql, params, prepare=True)
+            cursor = conn.cursor(row_factory=args_row(make))
+        cursor.execute(q.sql, params, prepare=prepare)
     except (psycopg.DataError, psycopg.errors.ProgramLimitExceeded, UnicodeEncodeError) as error:
         # a value Postgres cannot take (too long for an index, not encodable...): the
         # caller's to fix, and retrying cannot help

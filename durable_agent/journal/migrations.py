@@ -8,7 +8,7 @@ and the second finds nothing left to do.
 from __future__ import annotations
 
 from ..errors import ConfigurationError
-from .db import Database, describe_url
+from .db import Database, _Connected, describe_url
 from .queries import Migration, migrations
 
 _LOCK_KEY = 0x64757261  # "dura": one advisory lock for schema changes
@@ -38,17 +38,23 @@ def applied_versions(db: Database) -> set[int]:
 
 def migrate(db: Database) -> list[Migration]:
     """Apply the missing migrations; return the ones this call applied."""
-    applied = []
     with db.transaction() as tx:
-        tx.run("lock_migrations", key=_LOCK_KEY)
-        tx.run("create_schema_version")
-        done = {row["version"] for row in tx.run("applied_versions")}
-        for migration in migrations():
-            if migration.version in done:
-                continue
-            tx.script(migration.sql)
-            tx.run("record_version", version=migration.version, name=migration.name)
-            applied.append(migration)
+        return apply_missing(tx)
+
+
+def apply_missing(tx: _Connected) -> list[Migration]:
+    """Apply the missing migrations in the transaction of ``tx`` (ours, or an Alembic
+    revision's: ``durable_agent.schema.upgrade``); the ones applied."""
+    applied = []
+    tx.run("lock_migrations", key=_LOCK_KEY)
+    tx.run("create_schema_version")
+    done = {row["version"] for row in tx.run("applied_versions")}
+    for migration in migrations():
+        if migration.version in done:
+            continue
+        tx.script(migration.sql)
+        tx.run("record_version", version=migration.version, name=migration.name)
+        applied.append(migration)
     return applied
 
 

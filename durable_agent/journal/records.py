@@ -17,7 +17,13 @@ StepStatus = Literal["intent", "done"]
 
 
 class TurnStatus(StrEnum):
-    """Where a turn is. ``done``, ``failed`` and ``cancelled`` are final."""
+    """Where a turn is. ``done``, ``failed`` and ``cancelled`` are final.
+
+    ``queued``: recorded, waiting for a worker (or deferred after a model outage);
+    ``running``: claimed by a worker (its lease may have run out); ``waiting``: parked until
+    a person approves or denies a tool call, with no claim; ``done``: it has its reply;
+    ``failed``: it has its reason; ``cancelled``: stopped at a step boundary on request.
+    """
 
     QUEUED = "queued"  # recorded, waiting for a worker (or deferred after a model outage)
     RUNNING = "running"  # claimed by a worker (its lease may have run out)

@@ -25,6 +25,18 @@ def new_turn_id() -> str:
     return "turn_" + uuid.uuid4().hex
 
 
+def submitted_again(
+    existing: Turn, session_id: str, message: str, agent: str, error: Exception
+) -> Turn:
+    """The turn a retried start names by its id, if it is the same turn; else InvalidArgument."""
+    if (existing.session_id, existing.message, existing.agent) != (session_id, message, agent):
+        raise InvalidArgument(
+            f"turn id {existing.turn_id!r} is already used by a turn with another "
+            "session, message or agent"
+        ) from error
+    return existing
+
+
 class JournalStore:
     """Turns, journal rows and blobs, through the process's autocommit connection."""
 
@@ -61,16 +73,7 @@ class JournalStore:
             except psycopg.errors.UniqueViolation as error:
                 existing = self.find_turn(turn_id)
                 if existing is not None:  # the same turn id submitted again: idempotent
-                    if (existing.session_id, existing.message, existing.agent) != (
-                        session_id,
-                        message,
-                        agent,
-                    ):
-                        raise InvalidArgument(
-                            f"turn id {turn_id!r} is already used by a turn with another "
-                            "session, message or agent"
-                        ) from error
-                    return existing
+                    return submitted_again(existing, session_id, message, agent, error)
                 # another turn of this session took the same position: try the next one
         raise RuntimeError(f"could not place a new turn in session {session_id!r}")
 

@@ -19,9 +19,8 @@ Costs come from an optional price table, ``DURABLE_AGENT_PRICES`` (USD per milli
 and completion tokens, by the model name sent in the request); without a price for every
 model involved, a cost is ``None``.
 
-Groupings: ``turn`` and ``day`` (the UTC day of the call). Grouping by agent needs the
-turn's agent, which the schema does not record yet: it becomes one more entry of
-:data:`GROUPINGS` and one more branch of the ``spend`` query's ``CASE :by``.
+Groupings (:data:`GROUPINGS`): ``turn``, ``agent`` (the agent each turn belongs to) and
+``day`` (the UTC day of the call); each is a branch of the ``spend`` query's ``CASE :by``.
 """
 
 from __future__ import annotations

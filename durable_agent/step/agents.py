@@ -54,7 +54,24 @@ _RESERVED_PARAMETERS = frozenset({"model", "messages", "tools", "stream"})
 class Agent:
     """An agent definition. Every field but the name falls back to the environment's
     setting (``DURABLE_AGENT_MODEL``, ``..._SYSTEM_PROMPT``, all tools, ``..._QUEUE``,
-    ``..._MAX_STEPS``, the built-in Chat Completions loop)."""
+    ``..._MAX_STEPS``, the built-in Chat Completions loop).
+
+    Define agents in a module named by ``DURABLE_AGENT_AGENTS`` (or in a tools module); a
+    bad field raises ``ConfigurationError`` when the agent is defined.
+
+    Attributes:
+        name: 1-64 letters, digits, ``_``, ``.`` or ``-``; ``start_turn(..., agent=name)``.
+            The agent configured by the environment is named ``default``.
+        model: The model name sent to Chat Completions.
+        instructions: The system prompt.
+        tools: The tools it may call, as ``Tool`` objects or names (a subset of the
+            registry).
+        queue: The Celery queue its turns are sent to.
+        max_steps: Step cap of its turns.
+        parameters: Model parameters sent with every request, e.g. ``{"temperature": 0}``.
+        loop: The function that runs a turn (``Loop``); default: the built-in Chat
+            Completions loop.
+    """
 
     name: str
     model: str | None = None

@@ -4,8 +4,11 @@
 ``after_run`` fires after the call returned and before its outcome is recorded. The target
 is a step number (``4:after_run``) or a tool name (``refund_order:after_run``: the first
 call of that tool this process makes). ``CRASH_AT=delivery:before_claim`` fires when a
-delivery arrives, after the worker noted its receipt and before it claims the turn. The
-process ends with ``os._exit(1)``: no cleanup, no ack, exactly like a killed worker.
+delivery arrives, after the worker noted its receipt and before it claims the turn.
+``CRASH_AT=doorbell:after_commit`` fires in an application that started a turn in its own
+transaction (``start_turn(connection=...)``), after that transaction committed and before the
+turn's message is sent. The process ends with ``os._exit(1)``: no cleanup, no ack, exactly
+like a killed worker.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from ..errors import ConfigurationError
 CrashPoint = Literal["before_run", "after_run"]
 POINTS: tuple[CrashPoint, ...] = ("before_run", "after_run")
 DELIVERY = ("delivery", "before_claim")
+DOORBELL = ("doorbell", "after_commit")
 ENV = "CRASH_AT"
 
 log = logging.getLogger(__name__)
@@ -29,8 +33,8 @@ def parse(spec: str | None) -> tuple[int | str, CrashPoint] | None:
     """``"4:after_run"`` -> ``(4, "after_run")``; ``"send_email:before_run"`` keeps the name."""
     if not spec:
         return None
-    if tuple(spec.strip().split(":")) == DELIVERY:
-        return DELIVERY  # type: ignore[return-value]
+    if tuple(spec.strip().split(":")) in (DELIVERY, DOORBELL):
+        return tuple(spec.strip().split(":"))  # type: ignore[return-value]
     target, _, point = spec.strip().rpartition(":")
     if not target or point not in POINTS:
         raise ConfigurationError(
@@ -56,6 +60,10 @@ class Faults:
     def maybe_crash_before_claim(self) -> None:
         if self.armed == DELIVERY:
             _exit(f"{ENV}=delivery:before_claim reached")
+
+    def maybe_crash_before_doorbell(self) -> None:
+        if self.armed == DOORBELL:
+            _exit(f"{ENV}=doorbell:after_commit reached")
 
 
 def _exit(what: str) -> None:

@@ -1,15 +1,9 @@
 """The replay-aware step: the one function every model call and tool call goes through.
 
-==================================  =================================================
-journal row at (turn, step)         what happens
-==================================  =================================================
-``done``                            return the stored output; call nothing
-``intent``, model call              run the model again, then record
-``intent``, tool labelled safe      run the tool again, then record
-``intent``, tool labelled never     do not run it; record and return "may or may not
-                                    have happened"
-none                                commit the intent, run, record the outcome
-==================================  =================================================
+What it does at a recorded step (read back ``done``, run an interrupted model call or
+``safe`` tool again, answer an interrupted ``never`` tool with "may or may not have
+happened", or write the intent, run and record) is the table of docs/guarantees.md, "What
+happens at a recorded step"; that table is the one description of it.
 """
 
 from __future__ import annotations

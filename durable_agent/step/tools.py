@@ -110,8 +110,26 @@ def tool(
     approval: Approval = "none",
     **unknown: Any,
 ) -> Callable[[Callable[..., Any]], Tool]:
-    """Declare a tool. ``replay`` is required: ``"safe"`` or ``"never"``. With
-    ``approval="required"`` each call waits for a person's decision before it runs."""
+    """Declare a tool: ``@tool(replay="safe")`` or ``@tool(replay="never")`` on a function.
+
+    The JSON schema the model sees is built from the function's type hints and its
+    docstring (the summary, and an ``Args:`` section for the parameters). A keyword-only
+    parameter ``idempotency_key`` is filled with a key stable for the (turn, step), which the
+    model never sees. A missing or unknown label, two tools with one name, a parameter
+    without a type hint, or ``*args`` fail at import with ``ToolDefinitionError``.
+
+    Args:
+        replay: Required, no default. ``"safe"``: may run again if a crash interrupted it
+            (a lookup). ``"never"``: never runs twice (a refund, an email); an interrupted
+            call is answered "may or may not have happened" instead.
+        name: The name the model calls it by (default: the function's name); 1-64
+            letters, digits, ``_`` or ``-``.
+        approval: ``"required"``: each call waits for a person's decision before it runs
+            (``durable-agent approve`` / ``deny``). Default ``"none"``.
+
+    Returns:
+        A decorator that registers the function and returns its ``Tool``.
+    """
     if unknown:
         raise ToolDefinitionError(
             f"tool() got unknown argument(s) {', '.join(sorted(unknown))}; "

@@ -38,7 +38,7 @@ class InboxMessage:
 
     `sender` and `recipients` come from the SMTP envelope (MAIL FROM / RCPT TO, so Bcc
     recipients are included); `subject` is decoded, `message_id` and `headers` (first value
-    of each header name) are raw but unfolded; `body` is the text body with ``\n`` line
+    of each header name) are raw but unfolded; `body` is the text body with ``\\n`` line
     endings and no trailing newline.
     """
 

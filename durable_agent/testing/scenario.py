@@ -46,7 +46,28 @@ __all__ = ["Scenario", "load_object", "load_scenario"]
 
 @dataclass
 class Scenario:
-    """What a crash matrix runs and counts (see the module docstring)."""
+    """What a crash matrix runs and counts: your agent, your message, your tools' effects.
+
+    Write it as a module-level ``Scenario`` or a function that returns one (called once per
+    run, so each run gets fresh servers); ``durable-agent eval crash-matrix --scenario
+    module:name`` and the pytest plugin's ``crash_matrix`` fixture run it.
+
+    Attributes:
+        message: The user's message of the turn.
+        effects: For each ``never`` tool, a function returning how many times its effect
+            happened so far (ask the sandbox, the test inbox, the test account).
+        modules: The modules workers import (``DURABLE_AGENT_TOOLS``: tools and agents).
+        agent: The agent to run (``None``: ``default``).
+        policy: The scripted model: a policy function, ``"module:function"`` or a built-in
+            name (``email``, ``refund``); ``None`` uses the real endpoint of
+            ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` (repeats are then not counted).
+        services: Context managers started around the whole run (a sandbox, an inbox).
+        env: The workers' extra environment, or a function giving it once the services
+            run (their URLs).
+        reset: Called before every run, to clear the counters (the inbox, the sandbox).
+        expected: Effects per tool of one clean run (default 1 each).
+        name: The scenario's name in the report.
+    """
 
     message: str
     effects: Mapping[str, Callable[[], int]]

@@ -19,6 +19,8 @@ from durable_agent.step.faults import Faults, parse
         ("0:before_run", (0, "before_run")),
         (" 12:before_run ", (12, "before_run")),
         ("send_email:after_run", ("send_email", "after_run")),
+        ("delivery:before_claim", ("delivery", "before_claim")),
+        ("doorbell:after_commit", ("doorbell", "after_commit")),
         ("", None),
         (None, None),
     ],
@@ -55,6 +57,16 @@ def test_unarmed_and_other_points_are_inert() -> None:
     armed.maybe_crash(2, "before_run")
     armed.maybe_crash(1, "after_run")
     armed.maybe_crash(3, "after_run")
+
+
+def test_the_doorbell_point_fires_only_at_the_doorbell() -> None:
+    """CRASH_AT=doorbell:after_commit is for an application's commit hook: a worker's steps
+    and deliveries pass it by, and an unarmed doorbell returns."""
+    armed = Faults(parse("doorbell:after_commit"))
+    armed.maybe_crash(0, "before_run", "doorbell")
+    armed.maybe_crash_before_claim()
+    Faults().maybe_crash_before_doorbell()
+    Faults(parse("delivery:before_claim")).maybe_crash_before_doorbell()
 
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:

@@ -120,3 +120,32 @@ def test_beat_schedule_runs_the_sweeper() -> None:
     entry = app.conf.beat_schedule["durable-agent-sweep"]
     assert entry == {"task": SWEEP_TASK_NAME, "schedule": runtime.settings.sweep_interval_seconds}
     assert SWEEP_TASK_NAME in app.tasks
+
+
+def test_the_worker_imports_no_sqlalchemy() -> None:
+    """The hot path stays on psycopg: `celery -A durable_agent.tasks`, a turn worker and the
+    sweeper import nothing of SQLAlchemy or Alembic (only durable_agent.schema and
+    start_turn(connection=<a SQLAlchemy object>) do, in the application)."""
+    code = (
+        "import sys, durable_agent.tasks, durable_agent.delivery.turn_worker\n"
+        "import durable_agent.delivery.sweeper, durable_agent.cli\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'alembic')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_schema_is_a_module_for_applications() -> None:
+    """`import durable_agent.schema`: the metadata, the Alembic filter and the upgrade helper;
+    start_turn takes the application's connection."""
+    import inspect
+
+    import durable_agent.schema
+
+    assert durable_agent.schema.__all__ == ["TABLES", "include_object", "metadata", "upgrade"]
+    assert "turns" in durable_agent.schema.metadata.tables
+    parameter = inspect.signature(durable_agent.start_turn).parameters["connection"]
+    assert parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.default is None

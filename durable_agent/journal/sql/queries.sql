@@ -640,8 +640,8 @@ RETURNING t.session_id, t.turn_id, t.queue;
 
 -- name: spend
 -- The finished model calls of the chosen turns (:turn_ids, NULL: all; created since :since,
--- NULL: ever), summed per :by ('turn' or 'day', the UTC day of the call) and model, newest
--- first. For each call: its tokens (the recorded `usage`); how many times it ran before,
+-- NULL: ever), summed per :by ('turn', 'agent' or 'day', the UTC day of the call) and
+-- model, newest first. For each call: its tokens (the recorded `usage`); how many times it ran before,
 -- interrupted (the claims from the one that wrote its intent up to the one that finished
 -- it, less the runs that failed at the API); how many later claims read it back instead of
 -- calling the model (the turn's last epoch less the one that finished it).

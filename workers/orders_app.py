@@ -1,0 +1,128 @@
+"""An order desk on FastAPI and SQLAlchemy: an order and the agent turn about it are created
+in one transaction (``start_turn(..., connection=session)``).
+
+``POST /orders`` records the order and starts a turn that emails the customer a note: both
+exist once the transaction commits, and the turn's message is sent only then; an order that
+fails (here: its reference is taken) rolls back, and its turn with it, and nothing is sent.
+``GET /orders/{reference}`` shows the order with its turn.
+
+Run it (the ``examples`` extra; Postgres and the workers as for any turn)::
+
+    pip install 'durable-agent[examples]' uvicorn
+    durable-agent migrate
+    uvicorn --factory durable_agent_examples.orders_app:create_app
+
+with ``DURABLE_AGENT_TOOLS=durable_agent_examples.email_tools`` for the workers. The app
+creates its own table at start (``create_all``) to stay one file; a real application
+migrates it with Alembic beside ours (docs/how-to/application-transactions.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from pydantic import BaseModel, Field
+from sqlalchemy import Engine, Text, create_engine, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+from durable_agent import get_turn, start_turn
+from durable_agent.settings import Settings, load_settings
+
+
+class Base(DeclarativeBase):
+    """The application's own tables (durable-agent's are not among them)."""
+
+
+class Order(Base):
+    __tablename__ = "example_orders"
+
+    reference: Mapped[str] = mapped_column(Text, primary_key=True)
+    customer_email: Mapped[str] = mapped_column(Text)
+    note: Mapped[str] = mapped_column(Text)
+    turn_id: Mapped[str] = mapped_column(Text, unique=True)
+
+
+class NewOrder(BaseModel):
+    reference: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_-]+$")
+    customer_email: str = Field(min_length=3, max_length=200, pattern=r"^[^@\s]+@[^@\s]+$")
+    note: str = Field(default="launch", min_length=1, max_length=100)
+
+
+class PlacedOrder(BaseModel):
+    reference: str
+    turn_id: str
+
+
+class OrderView(PlacedOrder):
+    customer_email: str
+    turn_status: str
+    reply: str | None
+
+
+def sqlalchemy_url(database_url: str) -> str:
+    """durable-agent's database URL spelled for SQLAlchemy on psycopg 3."""
+    scheme, _, rest = database_url.partition("://")
+    return f"postgresql+psycopg://{rest}" if scheme in ("postgresql", "postgres") else database_url
+
+
+def _session(request: Request) -> Iterator[Session]:
+    with request.app.state.sessions() as session:
+        yield session
+
+
+DbSession = Annotated[Session, Depends(_session)]
+
+
+def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
+    """The app on durable-agent's database (the environment's settings when None)."""
+    settings = settings or load_settings()
+    engine = engine or create_engine(sqlalchemy_url(settings.database_url))
+    Base.metadata.create_all(engine)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.dispose()
+
+    app = FastAPI(title="order desk", lifespan=lifespan)
+    app.state.sessions = sessionmaker(engine)
+
+    @app.post("/orders", status_code=201)
+    def place_order(order: NewOrder, db: DbSession) -> PlacedOrder:
+        message = f"Please email the note '{order.note}' to {order.customer_email}."
+        try:
+            with db.begin():  # one transaction: the turn, then the order
+                turn_id = start_turn(
+                    f"order-{order.reference}", message, settings=settings, connection=db
+                )
+                db.add(
+                    Order(
+                        reference=order.reference,
+                        customer_email=order.customer_email,
+                        note=order.note,
+                        turn_id=turn_id,
+                    )
+                )
+        except IntegrityError:  # rolled back: no order, no turn, no message
+            raise HTTPException(409, f"order {order.reference} exists") from None
+        return PlacedOrder(reference=order.reference, turn_id=turn_id)
+
+    @app.get("/orders/{reference}")
+    def show_order(reference: str, db: DbSession) -> OrderView:
+        found = db.scalars(select(Order).where(Order.reference == reference)).first()
+        if found is None:
+            raise HTTPException(404, f"no order {reference}")
+        turn = get_turn(found.turn_id, settings=settings)
+        return OrderView(
+            reference=found.reference,
+            turn_id=found.turn_id,
+            customer_email=found.customer_email,
+            turn_status=turn.status.value,
+            reply=turn.reply,
+        )
+
+    return app
