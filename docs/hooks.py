@@ -125,7 +125,6 @@ def cli_commands() -> list[tuple[str, argparse.ArgumentParser, str]]:
     """
     from durable_agent.cli import build_parser
     from durable_agent.evals.commands import build_parser as build_evals_parser
-
     from durable_agent.testing.__main__ import build_parser as build_test_kit_parser
 
     handed_on = {name: sub for name, sub, _ in _subcommands(build_evals_parser())}
