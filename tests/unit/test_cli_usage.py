@@ -439,3 +439,15 @@ def test_piped_tables_keep_every_column_whole(columns: str | None) -> None:
     else:
         rows = [line for line in text.splitlines() if line[:1] in "┏┃┡│└"]
         assert rows and max(len(line) for line in rows) <= 60, text
+
+
+@pytest.mark.parametrize("query", ["sslmode=bogus", "target_session_attrs=bogus"])
+def test_a_worker_with_a_bad_libpq_parameter_stops_with_a_configuration_error(
+    cli: Cli, query: str
+) -> None:
+    """Not "cannot reach Postgres" (exit 1, which a supervisor retries forever): exit 2."""
+    url = f"postgresql://u:s3cret-pw@127.0.0.1:5432/db?{query}"
+    result = cli("worker", DURABLE_AGENT_DATABASE_URL=url)
+    assert result.returncode == 2, result
+    line = assert_one_error_line(result)
+    assert query.split("=")[0] in line and "cannot reach" not in line, line
