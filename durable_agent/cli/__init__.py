@@ -271,12 +271,14 @@ Celery worker's own code.
 the test kit (extra 'testing'): durable-agent model-server --policy email [--port P] runs
 the scripted OpenAI-compatible model server (GET /_stats, POST /_reset, /_fail, /_delay,
 /_hold, /_release); python -m durable_agent.testing inbox | payments run the SMTP test
-inbox and the payments sandbox. The README's "Test kit" section documents them and the
-pytest fixtures."""
+inbox and the payments sandbox. The docs' "Testing your agents" page documents them and
+the pytest fixtures."""
 
 
-def cmd_model_server(runtime: Runtime, args: argparse.Namespace) -> int:
-    raise AssertionError("handed on in main()")  # pragma: no cover
+def cmd_model_server(runtime: Runtime | None, args: argparse.Namespace) -> int:
+    """The test kit's model server; it needs no settings, so main() calls it before any
+    are read (its own arguments are in ``args.test_kit_argv``)."""
+    return run_model_server(getattr(args, "test_kit_argv", [_TEST_KIT]))
 
 
 Command = Callable[[Runtime, argparse.Namespace], int]
@@ -426,8 +428,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     command_at = next((i for i, arg in enumerate(argv) if not arg.startswith("-")), len(argv))
     if command_at < len(argv) and argv[command_at] == _TEST_KIT:
-        parser.parse_args(argv[: command_at + 1])  # -v and the like, checked
-        return run_model_server(argv[command_at:])
+        args = parser.parse_args(argv[: command_at + 1])  # -v and the like, checked
+        args.test_kit_argv = argv[command_at:]
+        return cmd_model_server(None, args)
     if command_at < len(argv) and argv[command_at] in _HANDED_ON:
         args = parser.parse_args(argv[: command_at + 1])
         args.eval_argv = argv[command_at:]
