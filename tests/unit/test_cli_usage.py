@@ -451,3 +451,16 @@ def test_a_worker_with_a_bad_libpq_parameter_stops_with_a_configuration_error(
     assert result.returncode == 2, result
     line = assert_one_error_line(result)
     assert query.split("=")[0] in line and "cannot reach" not in line, line
+
+
+def test_a_journal_table_with_shortened_outcomes_says_where_the_whole_text_is() -> None:
+    """An outcome cut to its one-line summary is named in the table's caption, with the way
+    to the whole text (--json); a table with nothing cut has no such caption."""
+    from durable_agent.cli.tables import journal_table
+    from durable_agent.testing import make_step
+
+    short = make_step(0, "tool", "lookup_note", {}, "safe", "done", {"content": "Friday."})
+    long = make_step(1, "tool", "lookup_note", {}, "safe", "done", {"content": "x " * 100})
+    assert journal_table([short]).caption is None
+    caption = journal_table([short, long]).caption
+    assert isinstance(caption, str) and "--json" in caption
