@@ -38,6 +38,11 @@ class Settings(BaseSettings):
         default="redis://127.0.0.1:6379/0",
         description="the Celery broker (redis://, rediss://, amqp://)",
     )
+    result_backend: str = Field(
+        default="",
+        description="Celery's result_backend (e.g. the broker's Redis): agent_turn.delay()"
+        ".get() returns the reply ('': none; use wait_for_turn)",
+    )
     queue: str = Field(
         default="durable-agent",
         description="the Celery queue of the default agent; a turn stays on the queue it was "
@@ -150,7 +155,9 @@ class Settings(BaseSettings):
 
     # operating it (control.py, uncertain.py, approvals.py)
     approval_required: str = Field(
-        default="", description="comma-separated tools whose calls wait for a person's approval"
+        default="",
+        description="comma-separated tools whose calls wait for a person's approval (a name "
+        "that is no tool of the worker stops its start)",
     )
     uncertain_task: str = Field(
         default="",
@@ -162,6 +169,13 @@ class Settings(BaseSettings):
     )
     uncertain_callback: str = Field(
         default="", description="'module:function' called with each new uncertain effect"
+    )
+    uncertain_hook_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="longest wait for one call of an uncertain-effects hook",
     )
     prices: str = Field(
         default="",
@@ -194,6 +208,13 @@ class Settings(BaseSettings):
     @classmethod
     def _broker_url_is_usable(cls, url: str) -> str:
         check_broker_url(url)
+        return url
+
+    @field_validator("result_backend")
+    @classmethod
+    def _result_backend_is_redis(cls, url: str) -> str:
+        if url:
+            check_result_backend(url)
         return url
 
     @field_validator("queue", "model")
@@ -290,6 +311,20 @@ def load_settings() -> Settings:
         return Settings()
     except ValidationError as error:
         raise settings_error(error) from None
+
+
+def check_result_backend(url: str) -> None:
+    """Raise ValueError unless ``url`` is a result backend we store turns' ends in (Redis)."""
+    scheme = url.partition("://")[0].lower()
+    if scheme not in ("redis", "rediss"):
+        raise ValueError(
+            "bad result backend: durable-agent stores turns' results in Redis "
+            "(redis:// or rediss://, e.g. the broker's URL)"
+        )
+    try:
+        check_broker_url(url)
+    except ValueError as error:
+        raise ValueError(str(error).replace("bad broker URL", "bad result backend", 1)) from None
 
 
 def check_broker_url(url: str) -> None:

@@ -35,7 +35,7 @@ from ..redact import escape_log_lines, printable
 from ..runtime import Runtime
 from ..settings import load_settings
 from ..usage import OneLineParser
-from .arguments import since_time, whole_number
+from .arguments import since_on_clock, since_time, whole_number
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NOT_FOUND = 1, 2, 3, 4
 
@@ -62,14 +62,8 @@ def cmd_worker(runtime: Runtime, args: argparse.Namespace) -> int:
         served = ",".join(dict.fromkeys(name for group in args.agent for name in group))
         runtime = Runtime(runtime.settings.model_copy(update={"serve_agents": served}))
     runtime.check_worker_start()
-    for agent in runtime.agents:
-        if runtime.agents.serves(agent.name):
-            labels = ", ".join(f"{t.name} ({t.replay})" for t in agent.tools) or "none"
-            print(
-                f"durable-agent worker: agent {agent.name!r} on queue {agent.queue!r}, "
-                f"model {agent.model}, tools: {labels}",
-                file=sys.stderr,
-            )
+    # the queues Celery consumes (ours, or -Q among the Celery arguments) are checked against
+    # the agents served, and named, as the worker starts (delivery.celery_app)
     argv = worker_argv(runtime.queues, args.loglevel, args.celery_args)
     # worker_main() drops the worker's exit code; a worker that stops on an unrecoverable
     # error must exit non-zero, so that a supervisor restarts it.
@@ -222,7 +216,7 @@ def cmd_turns(runtime: Runtime, args: argparse.Namespace) -> int:
 def cmd_spend(runtime: Runtime, args: argparse.Namespace) -> int:
     since = since_time(args.since) if args.since is not None else None
     runtime.require_schema()
-    spends = runtime.spend(args.by, limit=args.limit, since=since)
+    spends = runtime.spend(args.by, limit=args.limit, since=since_on_clock(since, runtime))
     if args.json:
         key = "turn_id" if args.by == "turn" else args.by
         rows = [{key: s.key, **s.as_json()} for s in spends]

@@ -7,18 +7,25 @@ at the same (turn, step) is rejected by the primary key.
 
 from __future__ import annotations
 
+import logging
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
-from ..errors import InvalidArgument, LeaseLost, TurnCancelled, TurnNotFound
+from ..errors import InvalidArgument, LeaseLost, ServiceUnavailable, TurnCancelled, TurnNotFound
 from .codec import digest, dumps
 from .db import Database
 from .leases import announce
 from .operator_store import OperatorStore
 from .records import EncodedOutcome, Kind, Replay, Step, Turn
+
+log = logging.getLogger(__name__)
+
+WaitForPostgres = Callable[[ServiceUnavailable], None]
+"""Blocks until Postgres answers again (given the error that found it unreachable)."""
 
 
 def new_turn_id() -> str:
@@ -127,16 +134,30 @@ class JournalStore:
         """The publish of this message failed."""
         self.db.run("unmark_sent", turn_id=turn_id, message_id=message_id)
 
+    def defer_unclaimed(self, turn_id: str, delay_seconds: float) -> bool:
+        """Keep a turn no live claim holds from being sent for ``delay_seconds`` (the sweeper
+        sends it then); False if a worker holds it or it ended."""
+        return bool(self.db.run("defer_unclaimed", turn_id=turn_id, delay=delay_seconds))
+
     def record_receipt(self, turn_id: str, message_id: str, receiver: str) -> None:
         """A worker received this message of the turn (committed without a WAL wait)."""
         self.db.run("record_receipt", turn_id=turn_id, message_id=message_id, receiver=receiver)
 
     # -- journal ---------------------------------------------------------------------------
 
-    def for_claim(self, turn_id: str, epoch: int, *, empty: bool = False) -> ClaimedJournal:
+    def for_claim(
+        self,
+        turn_id: str,
+        epoch: int,
+        *,
+        empty: bool = False,
+        wait_for_postgres: WaitForPostgres | None = None,
+    ) -> ClaimedJournal:
         """The turn's journal as the claim at ``epoch`` writes it (``empty``: known to have
-        no steps yet, so none are read)."""
-        return ClaimedJournal(self, turn_id, epoch, [] if empty else None)
+        no steps yet, so none are read; ``wait_for_postgres``: see ClaimedJournal)."""
+        return ClaimedJournal(
+            self, turn_id, epoch, [] if empty else None, wait_for_postgres=wait_for_postgres
+        )
 
     def load_journal(self, turn_id: str) -> list[Step]:
         """Every journal row of the turn, in step order: one query, blobs joined in."""
@@ -326,14 +347,28 @@ class JournalStore:
 
 
 class ClaimedJournal:
-    """The Postgres journal of one turn as one claim writes it (see ``TurnJournal``)."""
+    """The Postgres journal of one turn as one claim writes it (see ``TurnJournal``).
+
+    The outcome of a ``never`` call that ran is known to this worker alone until it is
+    written: with ``wait_for_postgres``, a write that cannot reach Postgres keeps the outcome,
+    waits until Postgres answers and writes it then, if this claim's epoch is still the
+    turn's (the fence decides; otherwise LeaseLost, and the turn's new holder reads the call
+    as interrupted). Without it, the outage ends the delivery and the call is uncertain.
+    """
 
     def __init__(
-        self, store: JournalStore, turn_id: str, epoch: int, steps: list[Step] | None = None
+        self,
+        store: JournalStore,
+        turn_id: str,
+        epoch: int,
+        steps: list[Step] | None = None,
+        *,
+        wait_for_postgres: WaitForPostgres | None = None,
     ) -> None:
         self.store = store
         self.turn_id = turn_id
         self.epoch = epoch
+        self.wait_for_postgres = wait_for_postgres
         self._steps = steps
         self._never_steps: set[int] = set()  # intents of never tools this claim wrote
         self._held: EncodedOutcome | None = None  # an outcome written with the next write
@@ -392,13 +427,45 @@ class ClaimedJournal:
         if step in self._never_steps:
             # on disk at once; watchers are told with the next write (a separate statement
             # now would cost a round trip), or by flush() if none comes
-            outcome = self.store.encode_outcome(step, output)
-            self.store.write_outcome(
-                self.turn_id, self.epoch, outcome, durable=True, announce_now=False
-            )
+            self._write_kept(step, output)
             self._untold = step
         else:
             self._held = self.store.encode_outcome(step, output)
+
+    def _write_kept(self, step: int, output: Any) -> None:
+        """Write a never call's outcome, through a Postgres outage if ``wait_for_postgres``."""
+        retried = False
+        while True:
+            try:
+                outcome = self.store.encode_outcome(step, output)
+                self.store.write_outcome(
+                    self.turn_id, self.epoch, outcome, durable=True, announce_now=False
+                )
+                return
+            except ServiceUnavailable as error:
+                if self.wait_for_postgres is None:
+                    raise
+                log.warning(
+                    "turn %s: keeping the outcome of step %d until Postgres is back (%s)",
+                    self.turn_id,
+                    step,
+                    error,
+                )
+                self.wait_for_postgres(error)
+                retried = True
+            except LeaseLost:
+                if retried and self._written_by_this_claim(step):
+                    return  # the write before the connection broke did commit
+                raise
+
+    def _written_by_this_claim(self, step: int) -> bool:
+        done = self.store.load_journal_from(self.turn_id, step)
+        return (
+            bool(done)
+            and done[0].step == step
+            and done[0].status == "done"
+            and (done[0].epoch == self.epoch)
+        )
 
     def take_held(self) -> EncodedOutcome | None:
         """The held-back outcome, for the caller to write with the turn's end (which

@@ -284,6 +284,11 @@ FROM turns WHERE turn_id = :turn_id;
 -- which takes every earlier write of the turn with it: a reply someone may read is on disk.
 -- :held_step (NULL: none) is a step whose outcome the writer held back (the model call
 -- that gave the reply): it is written here too, and the turn ends only if it was.
+-- A turn that would end done but was cancelled before this commits ends `cancelled`, its
+-- reply kept in the journal (the held step): the end is a step boundary. The cancel updates
+-- the turn row (request_cancel), so either it waits for this end and finds the turn ended,
+-- or this end waits for it and, re-checked on the row the cancel wrote, asks
+-- durable_agent_cancel_note() again with a fresh snapshot.
 WITH held AS (
     UPDATE journal AS j
     SET status = 'done', output = CAST(:held_output AS jsonb), output_blob = :held_blob,
@@ -295,14 +300,20 @@ WITH held AS (
 ),
 ended AS (
     UPDATE turns
-    SET status = :status, reply = :reply, error = :error, lease_owner = NULL,
-        lease_expires_at = NULL, finished_at = durable_agent_now(),
+    SET status = CASE WHEN :status = 'done' AND durable_agent_cancel_note(turn_id) IS NOT NULL
+                      THEN 'cancelled' ELSE :status END,
+        reply = CASE WHEN :status = 'done' AND durable_agent_cancel_note(turn_id) IS NOT NULL
+                     THEN NULL ELSE :reply END,
+        error = CASE WHEN :status = 'done'
+                     THEN coalesce(durable_agent_cancel_note(turn_id), :error) ELSE :error END,
+        lease_owner = NULL, lease_expires_at = NULL, finished_at = durable_agent_now(),
         updated_at = durable_agent_now()
     WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running'
       AND (CAST(:held_step AS integer) IS NULL OR EXISTS (SELECT 1 FROM held))
-    RETURNING session_id, seq
+    RETURNING session_id, seq, status
 )
-SELECT ended.session_id, ended.seq, next.turn_id AS next_turn_id, next.queue AS next_queue
+SELECT ended.session_id, ended.seq, ended.status, next.turn_id AS next_turn_id,
+       next.queue AS next_queue
 FROM ended
 LEFT JOIN LATERAL durable_agent_next_open(ended.session_id, ended.seq) AS next ON true;
 
@@ -313,6 +324,16 @@ SET status = 'queued', error = :error, lease_owner = NULL, lease_expires_at = NU
     not_before = durable_agent_now() + make_interval(secs => :delay),
     updated_at = durable_agent_now()
 WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running'
+RETURNING turn_id;
+
+-- name: defer_unclaimed
+-- A turn no live claim holds waits :delay seconds before the sweeper sends it again (a
+-- turn handed back to its queue that came back to the same worker).
+UPDATE turns
+SET not_before = durable_agent_now() + make_interval(secs => :delay),
+    updated_at = durable_agent_now()
+WHERE turn_id = :turn_id AND status IN ('queued', 'running')
+  AND (lease_owner IS NULL OR lease_expires_at <= durable_agent_now())
 RETURNING turn_id;
 
 -- name: end_dead_claim
@@ -331,6 +352,10 @@ WHERE status = 'running' AND lease_expires_at > durable_agent_now()
 -- ---------------------------------------------------------------------------------------
 -- the sweeper
 -- ---------------------------------------------------------------------------------------
+
+-- name: database_now
+-- The clock every recorded time is taken by.
+SELECT durable_agent_now() AS now;
 
 -- name: try_sweep_lock
 -- One sweeper pass at a time across the fleet (held until the transaction ends).
@@ -433,9 +458,15 @@ WHERE status IN ('queued', 'running') AND received_by LIKE :pattern
 
 -- name: request_cancel
 -- Ask an open turn to stop (once: a second request keeps the first one's who and why).
+-- The turn row is updated (to itself) so that an end of the turn running at the same time
+-- is ordered with this request on the row lock (see end_turn).
+WITH open AS (
+    UPDATE turns SET status = status
+    WHERE turn_id = :turn_id AND status IN ('queued', 'running', 'waiting')
+    RETURNING turn_id
+)
 INSERT INTO cancellations (turn_id, requested_by, reason, requested_at)
-SELECT turn_id, :requested_by, :reason, durable_agent_now() FROM turns
-WHERE turn_id = :turn_id AND status IN ('queued', 'running', 'waiting')
+SELECT turn_id, :requested_by, :reason, durable_agent_now() FROM open
 ON CONFLICT (turn_id) DO NOTHING
 RETURNING turn_id;
 
@@ -480,7 +511,9 @@ LEFT JOIN LATERAL durable_agent_next_open(ended.session_id, ended.seq) AS next O
 
 -- name: prune_preview
 -- What prune would delete: finished turns older than the cutoff whose session has no open
--- turn, and the finished turns it keeps for their unresolved uncertain effects.
+-- turn and that have no unresolved uncertain effect; and the old finished turns it keeps:
+-- those of a session with an open turn (kept_open), the others for their unresolved
+-- uncertain effects (kept).
 WITH old AS (
     SELECT t.turn_id,
            EXISTS (SELECT 1 FROM journal AS j
@@ -488,17 +521,20 @@ WITH old AS (
                      AND (j.status = 'intent' OR j.output @> '{"uncertain": true}')
                      AND NOT EXISTS (SELECT 1 FROM resolutions AS r
                                      WHERE r.turn_id = j.turn_id AND r.step = j.step))
-             AS unresolved
+             AS unresolved,
+           EXISTS (SELECT 1 FROM turns AS o WHERE o.session_id = t.session_id
+                   AND o.status IN ('queued', 'running', 'waiting'))
+             AS open_session
     FROM turns AS t
     WHERE t.status IN ('done', 'failed', 'cancelled')
       AND t.finished_at < durable_agent_now() - make_interval(secs => :older_than)
-      AND NOT EXISTS (SELECT 1 FROM turns AS o WHERE o.session_id = t.session_id
-                      AND o.status IN ('queued', 'running', 'waiting'))
 )
-SELECT count(*) FILTER (WHERE NOT unresolved) AS turns,
+SELECT count(*) FILTER (WHERE NOT unresolved AND NOT open_session) AS turns,
        (SELECT count(*) FROM journal AS j
-        WHERE j.turn_id IN (SELECT turn_id FROM old WHERE NOT unresolved)) AS steps,
-       count(*) FILTER (WHERE unresolved) AS kept
+        WHERE j.turn_id IN (SELECT turn_id FROM old
+                            WHERE NOT unresolved AND NOT open_session)) AS steps,
+       count(*) FILTER (WHERE unresolved AND NOT open_session) AS kept,
+       count(*) FILTER (WHERE open_session) AS kept_open
 FROM old;
 
 -- name: prune_turns
@@ -560,26 +596,56 @@ ORDER BY j.created_at, j.turn_id, j.step
 LIMIT :limit;
 
 -- name: record_resolution
--- An operator's verdict on an uncertain effect (the journal row is not touched).
+-- An operator's verdict on an uncertain effect (the journal row is not touched); nothing
+-- when the effect has a verdict already, unless :replace (the earlier ones stay on record).
 INSERT INTO resolutions (turn_id, step, verdict, note, resolved_by, resolved_at)
-VALUES (:turn_id, :step, :verdict, :note, :resolved_by, durable_agent_now())
+SELECT :turn_id, :step, :verdict, :note, :resolved_by, durable_agent_now()
+WHERE :replace OR NOT EXISTS (SELECT 1 FROM resolutions
+                              WHERE turn_id = :turn_id AND step = :step)
 RETURNING resolved_at;
 
--- name: new_uncertain_notices
--- Uncertain effects nobody was told of yet, marked as told (one batch). The caller's
--- transaction holds them until the hook has them: a hook that fails leaves them untold.
-INSERT INTO uncertain_notices (turn_id, step, notified_at)
-SELECT j.turn_id, j.step, durable_agent_now()
-FROM journal AS j JOIN turns AS t ON t.turn_id = j.turn_id
-WHERE j.replay = 'never'
-  AND (j.output @> '{"uncertain": true}'
-       OR (j.status = 'intent' AND t.status IN ('done', 'failed', 'cancelled')))
-  AND NOT EXISTS (SELECT 1 FROM uncertain_notices AS n
-                  WHERE n.turn_id = j.turn_id AND n.step = j.step)
-ORDER BY j.created_at
-LIMIT :batch
-ON CONFLICT DO NOTHING
-RETURNING turn_id, step;
+-- name: claim_uncertain_notices
+-- Uncertain effects some of :hooks was not told of yet, claimed for :hold seconds by
+-- :owner, one row per (effect, hook), oldest first. A row another pass claimed and still
+-- holds, or that was told, is not taken; one whose claim ran out is (at least once).
+WITH effects AS (
+    SELECT j.turn_id, j.step, j.created_at
+    FROM journal AS j JOIN turns AS t ON t.turn_id = j.turn_id
+    WHERE j.replay = 'never'
+      AND (j.output @> '{"uncertain": true}'
+           OR (j.status = 'intent' AND t.status IN ('done', 'failed', 'cancelled')))
+),
+wanted AS (
+    SELECT e.turn_id, e.step, h.hook
+    FROM effects AS e CROSS JOIN unnest(CAST(:hooks AS text[])) AS h (hook)
+    WHERE NOT EXISTS (SELECT 1 FROM uncertain_notices AS n
+                      WHERE n.turn_id = e.turn_id AND n.step = e.step
+                        AND (n.hook = 'all'
+                             OR (n.hook = h.hook
+                                 AND (n.told_at IS NOT NULL
+                                      OR n.claimed_until > durable_agent_now()))))
+    ORDER BY e.created_at, e.turn_id, e.step, h.hook
+    LIMIT :batch
+)
+INSERT INTO uncertain_notices AS n (turn_id, step, hook, notified_at, claimed_by, claimed_until)
+SELECT turn_id, step, hook, durable_agent_now(), :owner,
+       durable_agent_now() + make_interval(secs => :hold)
+FROM wanted
+ON CONFLICT (turn_id, step, hook) DO UPDATE
+    SET claimed_by = excluded.claimed_by, claimed_until = excluded.claimed_until
+    WHERE n.told_at IS NULL AND n.claimed_until <= durable_agent_now()
+RETURNING n.turn_id, n.step, n.hook;
+
+-- name: notice_told
+-- The claimant told the hook: the notice is done, whoever holds the claim now.
+UPDATE uncertain_notices SET told_at = durable_agent_now(), claimed_until = NULL
+WHERE turn_id = :turn_id AND step = :step AND hook = :hook AND told_at IS NULL;
+
+-- name: release_notice
+-- The claimant could not tell the hook (it raised): the next pass tries again.
+UPDATE uncertain_notices SET claimed_until = durable_agent_now()
+WHERE turn_id = :turn_id AND step = :step AND hook = :hook AND claimed_by = :owner
+  AND told_at IS NULL;
 
 -- name: find_approval
 SELECT turn_id, step, tool, arguments, idempotency_key, requested_at, decision, reason,

@@ -129,12 +129,18 @@ CREATE TABLE resolutions (
 );
 CREATE INDEX resolutions_step_idx ON resolutions (turn_id, step, resolution_id);
 
--- uncertain_notices: the uncertain effects the notification hook was given (each once).
+-- uncertain_notices: which hook ('task', 'callback'; 'all' before version 8) was told of
+-- which uncertain effect (told_at), or is being told now by a pass that claimed it until
+-- claimed_until (a claim that runs out is taken again: told at least once).
 CREATE TABLE uncertain_notices (
-    turn_id     text NOT NULL,
-    step        integer NOT NULL,
-    notified_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (turn_id, step),
+    turn_id       text NOT NULL,
+    step          integer NOT NULL,
+    notified_at   timestamptz NOT NULL DEFAULT now(),
+    hook          text NOT NULL DEFAULT 'all',
+    told_at       timestamptz,
+    claimed_by    text,
+    claimed_until timestamptz,
+    CONSTRAINT uncertain_notices_pkey PRIMARY KEY (turn_id, step, hook),
     FOREIGN KEY (turn_id, step) REFERENCES journal (turn_id, step) ON DELETE CASCADE
 );
 
@@ -192,6 +198,19 @@ CREATE FUNCTION durable_agent_next_open(p_session_id text, p_seq integer)
         WHERE t.session_id = p_session_id AND t.seq > p_seq
           AND t.status IN ('queued', 'running')
         ORDER BY t.seq LIMIT 1
+    $$;
+
+-- Who cancelled a turn and why ('cancelled by WHO: WHY'; NULL when nobody asked). VOLATILE
+-- and PL/pgSQL (never inlined): each call reads with a fresh snapshot, so the end of a turn
+-- re-checked after a cancel's update of the turn row (request_cancel touches the row for
+-- that) sees the cancel even when the cancel committed after the end's statement began.
+CREATE FUNCTION durable_agent_cancel_note(p_turn_id text) RETURNS text
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+        BEGIN
+            RETURN (SELECT 'cancelled by ' || c.requested_by || coalesce(': ' || c.reason, '')
+                    FROM cancellations AS c WHERE c.turn_id = p_turn_id);
+        END
     $$;
 
 -- schema_version: the migrations a database has had (written by `durable-agent migrate`).
