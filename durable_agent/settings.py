@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import re
 import urllib.parse
+from typing import Any
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import ConfigurationError
 from .journal import Price, parse_prices
+from .redact import remember_secrets, url_password
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful assistant that uses tools to act for the user. "
@@ -180,6 +182,16 @@ class Settings(BaseSettings):
         description="the spend ledger's price table: MODEL=PROMPT/COMPLETION in USD per "
         "million tokens, comma-separated, by the model name sent, e.g. 'gpt-4o-mini=0.15/0.60'",
     )
+
+    def model_post_init(self, context: Any, /) -> None:
+        # text from outside (a model's error body, a driver's message) may echo a secret
+        # that no pattern recognises: every process redacts the ones it was configured with
+        # (Runtime does it again for settings made with model_copy, which skips this)
+        remember_secrets(self.secrets())
+
+    def secrets(self) -> list[str | None]:
+        """The configured credentials: the API key, the database and broker passwords."""
+        return [self.openai_api_key, url_password(self.database_url), url_password(self.broker_url)]
 
     @field_validator("database_url")
     @classmethod

@@ -146,11 +146,21 @@ def register(add: Add) -> None:
     submit.add_argument("--agent", default=None, help="the agent to run it (default: 'default')")
     submit.add_argument("message", help="the user's message")
 
-    wait = add("wait", cmd_wait, "wait for a turn; print its reply (exit 0 only when done)")
+    wait = add(
+        "wait",
+        cmd_wait,
+        "wait for a turn; print its reply (exit 0 done, 1 failed or cancelled, 3 timed out, "
+        "4 no turn has that id)",
+    )
     wait.add_argument("turn_id", help="the turn's id (submit prints it)")
     wait.add_argument("--timeout", type=seconds, default=60.0, help="seconds (default 60)")
 
-    watch = add("watch", cmd_watch, "print a turn's steps live as they are recorded, then its end")
+    watch = add(
+        "watch",
+        cmd_watch,
+        "print a turn's steps live as they are recorded, then its end (exit 0 done, 1 failed "
+        "or cancelled, 3 timed out, 4 no turn has that id)",
+    )
     watch.add_argument("turn_id", help="the turn's id (submit prints it)")
     watch.add_argument(
         "--after-step",

@@ -19,6 +19,7 @@ from celery import Celery, signals
 from kombu.utils.url import maybe_sanitize_url
 
 from ..errors import ConfigurationError, DurableAgentError, ServiceUnavailable
+from ..redact import escape_log_lines
 from ..settings import Settings
 from ..step.agents import AgentBook
 from .broker import transport_for
@@ -182,6 +183,15 @@ def _stop_sweeper(sender: Any = None, **_: Any) -> None:
         _sweepers.pop(id(runtime)).stop()
 
 
+def _escape_log_lines(logger: logging.Logger | None = None, **_: Any) -> None:
+    """Every line the worker logs is one line, credentials out (see OneLineLogFilter): a
+    reply or a tool's output can neither forge a log line nor leak a configured secret."""
+    if logger is not None:
+        escape_log_lines(logger.handlers)
+
+
+signals.after_setup_logger.connect(_escape_log_lines)
+signals.after_setup_task_logger.connect(_escape_log_lines)
 signals.worker_init.connect(_check_before_start)
 signals.worker_ready.connect(_start_sweeper)
 signals.worker_shutdown.connect(_stop_sweeper)

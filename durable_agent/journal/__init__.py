@@ -8,7 +8,7 @@ resolutions, pruning), announcements (``notify``), fleet-wide passes under an ad
 above import what they need from here, not from the submodules.
 """
 
-from .codec import ListDigest, digest, dumps, jsonb_order, storable
+from .codec import MAX_DEPTH, ListDigest, digest, dumps, jsonb_order, storable
 from .db import Database, Row, conninfo_for, describe_url, on_connection
 from .holders import holder_is_dead, worker_identity
 from .leases import Leases
@@ -29,6 +29,7 @@ from .records import Claim, Ended, Kind, Refusal, Replay, Step, StepStatus, Turn
 from .store import ClaimedJournal, JournalStore
 
 __all__ = [
+    "MAX_DEPTH",
     "Approval",
     "Cancellation",
     "Claim",
