@@ -228,7 +228,7 @@ def test_a_never_call_that_ran_through_a_postgres_outage_keeps_its_outcome(
 
     import psycopg
 
-    from durable_agent.operate.uncertain import list_uncertain
+    from durable_agent import list_uncertain
     from durable_agent.runtime import runtime_for
 
     url = own_postgres.database_url
@@ -270,7 +270,7 @@ def test_a_never_call_that_ran_through_a_postgres_outage_keeps_its_outcome(
     assert send.status == "done" and not send.output.get("uncertain"), report
     assert send.output["content"].startswith("Sent"), report
     assert all("may or may not" not in str(s.output) for s in steps), report
-    assert list_uncertain(runtime, include_resolved=True) == [], report
+    assert list_uncertain(include_resolved=True, settings=settings) == [], report
     assert turn.crashes == 0, report
     assert "keeping the outcome of step 3 until Postgres is back" in log, log
     assert worker.alive() and "Traceback" not in log, log

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from durable_agent.delivery.turn_worker import TurnWorker
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
 from durable_agent.testing import ScriptedModelServer, reply
@@ -30,7 +29,7 @@ def test_a_model_error_body_echoing_the_key_is_stored_without_it(
         )
         try:
             turn = runtime.journal.create_turn("s", "hello")
-            delivery = TurnWorker(runtime).handle(turn.turn_id)
+            delivery = runtime.build_turn_worker().handle(turn.turn_id)
             ended = runtime.get_turn(turn.turn_id)
         finally:
             runtime.close()
