@@ -364,6 +364,14 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("turn_id", help="the turn's id (submit prints it)")
     replay.add_argument("--json", action="store_true", help="print the report as JSON")
 
+    from ..web.serve import add_arguments as console_arguments
+    from ..web.serve import cmd_console
+
+    console = add(
+        "console", cmd_console, "serve the web console (extra 'console'; a login is required)"
+    )
+    console_arguments(console, whole_number(1, 65_535, "a port"))
+
     from .operator import register as add_operator_commands
 
     add_operator_commands(add)  # cancel, prune, uncertain, resolve, approvals, approve, deny

@@ -4,10 +4,11 @@ from .db import Database
 from .holders import holder_is_dead, worker_identity
 from .leases import Leases
 from .migrations import migrate, require_current
-from .records import Claim, Refusal, Step, Turn, TurnStatus
+from .records import AgentSeen, Claim, Refusal, Step, Turn, TurnFilter, TurnStatus, WorkerSeen
 from .store import JournalStore
 
 __all__ = [
+    "AgentSeen",
     "Claim",
     "Database",
     "JournalStore",
@@ -15,7 +16,9 @@ __all__ = [
     "Refusal",
     "Step",
     "Turn",
+    "TurnFilter",
     "TurnStatus",
+    "WorkerSeen",
     "holder_is_dead",
     "migrate",
     "require_current",

@@ -18,7 +18,16 @@ from .codec import digest, dumps
 from .db import Database
 from .leases import announce
 from .operator_store import OperatorStore
-from .records import EncodedOutcome, Kind, Replay, Step, Turn
+from .records import (
+    AgentSeen,
+    EncodedOutcome,
+    Kind,
+    Replay,
+    Step,
+    Turn,
+    TurnFilter,
+    WorkerSeen,
+)
 
 
 def new_turn_id() -> str:
@@ -94,6 +103,30 @@ class JournalStore:
         else:
             rows = self.db.run("list_session_turns", session_id=session_id, limit=limit)
         return [Turn.from_row(row) for row in rows]
+
+    def find_turns(
+        self, turn_filter: TurnFilter, *, before: tuple[datetime, str] | None, limit: int
+    ) -> list[Turn]:
+        """Turns newest first that match the filter, after the ``before`` turn
+        ((created_at, turn_id) of the last one of the page before; None: from the newest)."""
+        before_at, before_id = before if before is not None else (None, None)
+        rows = self.db.run(
+            "find_turns",
+            **turn_filter.params(),
+            before_at=before_at,
+            before_id=before_id,
+            limit=limit,
+        )
+        return [Turn.from_row(row) for row in rows]
+
+    def workers(self, window_seconds: float) -> list[WorkerSeen]:
+        """The worker processes seen in the turns table: claims held and expired, the
+        furthest lease, messages received within ``window_seconds``."""
+        return [WorkerSeen.from_row(r) for r in self.db.run("workers", window=window_seconds)]
+
+    def agents_seen(self) -> list[AgentSeen]:
+        """Each (agent, digest) the turns ran with, with its count and newest turn."""
+        return [AgentSeen.from_row(row) for row in self.db.run("agents_seen")]
 
     def session_history(self, session_id: str, before_seq: int) -> list[tuple[str, str]]:
         """(user message, reply) of the session's earlier finished turns, in order."""
