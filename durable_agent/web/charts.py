@@ -49,20 +49,21 @@ def column_chart(bars: Sequence[Bar], title: str, *, width: int = 760, height: i
     peak = max((b.total for b in bars), default=0) or 1
     step = (width - left - 8) / max(len(bars), 1)
     body = [_frame(width, height, title), *_axis(left, top, plot_h, peak, width)]
+    bar_w = min(step * 0.7, 48.0)
     for i, bar in enumerate(bars):
-        x = left + i * step + step * 0.15
+        x = left + i * step + (step - bar_w) / 2
         y = float(top + plot_h)
         for part, value in enumerate(bar.parts):
             h = plot_h * value / peak
             y -= h
             body.append(
-                f'<rect x="{x:.1f}" y="{y:.1f}" width="{step * 0.7:.1f}" height="{h:.1f}" '
+                f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{h:.1f}" '
                 f'fill="{COLOURS[part]}"><title>{escape(bar.label)}: {value:,} '
                 f"{PARTS[part]}</title></rect>"
             )
         if len(bars) <= 16 or i % max(1, len(bars) // 8) == 0:
             body.append(
-                f'<text x="{x + step * 0.35:.1f}" y="{height - 20}" text-anchor="middle" '
+                f'<text x="{x + bar_w / 2:.1f}" y="{height - 20}" text-anchor="middle" '
                 f'class="tick">{escape(bar.label[-5:] if len(bar.label) == 10 else bar.label)}'
                 "</text>"
             )
