@@ -25,6 +25,7 @@ from ..runtime import Runtime
 from . import actions, events, pages
 from .app_errors import render_error
 from .auth import Authenticator
+from .spend_view import SpendCache
 
 PUBLIC = ("/static/", "/login")
 
@@ -79,6 +80,7 @@ def create_app(runtime: Runtime, auth: Authenticator) -> Starlette:
     app.state.runtime = runtime
     app.state.auth = auth
     app.state.templates = templates
+    app.state.spend = SpendCache(runtime)
     return app
 
 

@@ -16,6 +16,7 @@ from ..journal import Turn, TurnFilter, TurnStatus
 from ..runtime import Runtime
 from . import charts
 from .auth import Authenticator, Identity
+from .spend_view import SpendCache
 from .timeline import as_json, shorten, step_row
 
 PAGE_SIZE = 50
@@ -199,28 +200,21 @@ def uncertain_page(request: Request) -> Response:
 
 
 def spend_page(request: Request) -> Response:
-    runtime = runtime_of(request)
     text = request.query_params.get("days", str(SPEND_DAYS))
     if not text.isdigit() or not 1 <= int(text) <= 366:
         raise InvalidArgument(f"days: a whole number from 1 to 366, got {text!r}")
     days = int(text)
-    since = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(
-        days=days - 1
-    )
-    by_day = sorted(runtime.spend("day", limit=days + 1, since=since), key=lambda s: s.key)
-    by_agent = runtime.spend("agent", limit=100, since=since)
-    by_agent = sorted(by_agent, key=lambda s: -s.billed.prompt_tokens - s.billed.completion_tokens)
+    cache: SpendCache = request.app.state.spend
+    figures = cache.figures(days)
     return render(
         request,
         "spend.html",
         days=days,
-        since=since,
-        by_day=by_day,
-        by_agent=by_agent,
-        day_chart=charts.column_chart(charts.spend_bars(by_day), "tokens per day (UTC)"),
-        agent_chart=charts.row_chart(charts.spend_bars(by_agent), "tokens per agent"),
+        figures=figures,
+        day_chart=charts.column_chart(charts.spend_bars(figures.by_day), "tokens per day (UTC)"),
+        agent_chart=charts.row_chart(charts.spend_bars(figures.by_agent), "tokens per agent"),
         legend=charts.legend(),
-        priced=bool(runtime.settings.prices),
+        priced=bool(request.app.state.runtime.settings.prices),
     )
 
 

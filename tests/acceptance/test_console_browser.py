@@ -234,7 +234,8 @@ def test_an_operator_approves_watches_and_resolves_in_the_browser(
 
     for page in ("spend", "agents", "workers", "approvals"):
         browser.find_element(By.LINK_TEXT, page.capitalize()).click()
-        see(lambda: browser.current_url.startswith(f"{console.url}/{page}"), f"the {page} page")
+        address = f"{console.url}/{page}"
+        see(lambda a=address: browser.current_url.startswith(a), f"the {page} page")
         assert browser.find_element(By.TAG_NAME, "h1").text == page.capitalize()
         shot(browser, page)
 

@@ -267,3 +267,30 @@ def test_the_spend_chart_is_drawn_on_the_server(
     today = datetime.now(UTC).strftime("%Y-%m-%d")
     assert page.count("<svg") == 2 and f"<title>{today}: 900 prompt tokens</title>" in page
     assert "<script" not in page
+
+
+def test_spend_figures_are_read_once_a_minute_and_then_again(console_runtime: Runtime) -> None:
+    """A window's figures are kept (the page answers from them), shown once more when
+    stale while a thread reads them again, then the new ones are shown."""
+    from durable_agent.testing.harness import wait_until
+    from durable_agent.web.spend_view import SpendCache
+
+    turn_id, epoch = claimed_turn(console_runtime)
+    store = console_runtime.journal
+
+    def call(step: int) -> None:
+        store.insert_intent(turn_id, epoch, step, "model", "llm", {"model": "m"}, "safe")
+        store.record_outcome(
+            turn_id, epoch, step, {"usage": {"prompt_tokens": 10, "completion_tokens": 1}}
+        )
+
+    call(0)
+    cache = SpendCache(console_runtime, fresh_seconds=3600)
+    first = cache.figures(7)
+    assert [(s.key, s.billed.calls) for s in first.by_agent] == [("default", 1)]
+    assert first.by_day_agent[0].key.endswith(" default")
+    call(1)
+    assert cache.figures(7) is first  # kept
+    cache.fresh_seconds = 0
+    assert cache.figures(7) is first  # stale: shown once more, read again meanwhile
+    wait_until(lambda: cache.figures(7).by_agent[0].billed.calls == 2, 10, "the new figures")

@@ -640,7 +640,8 @@ RETURNING t.session_id, t.turn_id, t.queue;
 
 -- name: spend
 -- The finished model calls of the chosen turns (:turn_ids, NULL: all; created since :since,
--- NULL: ever), summed per :by ('turn', 'agent' or 'day', the UTC day of the call) and
+-- NULL: ever), summed per :by ('turn', 'agent', 'day', the UTC day of the call, or
+-- 'day_agent', the day and the agent: 'YYYY-MM-DD agent') and
 -- model, newest first. For each call: its tokens (the recorded `usage`); how many times it ran before,
 -- interrupted (the claims from the one that wrote its intent up to the one that finished
 -- it, less the runs that failed at the API); how many later claims read it back instead of
@@ -669,7 +670,10 @@ calls AS (
 )
 SELECT CASE :by WHEN 'turn' THEN turn_id
                 WHEN 'agent' THEN agent
-                WHEN 'day' THEN to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD') END AS key,
+                WHEN 'day' THEN to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')
+                WHEN 'day_agent'
+                    THEN to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD') || ' ' || agent
+                END AS key,
        model,
        count(*) AS calls,
        count(*) FILTER (WHERE NOT has_usage) AS calls_without_usage,
