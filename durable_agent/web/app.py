@@ -21,6 +21,7 @@ from starlette.templating import Jinja2Templates
 
 from ..errors import DurableAgentError, InvalidArgument, TurnNotFound
 from ..journal.db import describe_url
+from ..redact import redact
 from ..runtime import Runtime
 from . import actions, events, pages
 from .app_errors import render_error
@@ -49,6 +50,7 @@ def create_app(runtime: Runtime, auth: Authenticator) -> Starlette:
     """The console for ``runtime``'s database, behind ``auth``."""
     templates = Jinja2Templates(directory=package_dir("templates"))
     templates.env.globals["database"] = describe_url(runtime.settings.database_url)
+    templates.env.filters["redact"] = redact
 
     routes = [
         Route("/", pages.turns_page),

@@ -13,8 +13,9 @@ from markupsafe import Markup
 
 from ..operate.spend import Spend
 
-COLOURS = ("#3f51b5", "#8c9eff", "#e53935")
+COLOURS = ("#3f51b5", "#8c9eff", "#e53935", "#43a047", "#fb8c00", "#8e24aa", "#00897b", "#6d4c41")
 PARTS = ("prompt tokens", "completion tokens", "crash waste (tokens)")
+OTHERS = "others"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +43,37 @@ def spend_bars(spends: Sequence[Spend]) -> list[Bar]:
     ]
 
 
-def column_chart(bars: Sequence[Bar], title: str, *, width: int = 760, height: int = 240) -> Markup:
-    """Stacked columns, one per bar, left to right as given."""
+def day_agent_bars(
+    days: Sequence[Spend], day_agents: Sequence[Spend]
+) -> tuple[list[Bar], list[str]]:
+    """Billed tokens per day (oldest first), stacked by agent; and the agents, in stack
+    order (the seven that spent most, then the others summed)."""
+    spent: dict[str, int] = {}
+    for s in day_agents:
+        agent = s.key.partition(" ")[2]
+        spent[agent] = spent.get(agent, 0) + s.billed.prompt_tokens + s.billed.completion_tokens
+    agents = sorted(spent, key=lambda a: -spent[a])
+    shown = agents[: len(COLOURS) - 1]
+    names = shown + ([OTHERS] if len(agents) > len(shown) else [])
+    tokens: dict[tuple[str, str], int] = {}
+    for s in day_agents:
+        day, _, agent = s.key.partition(" ")
+        name = agent if agent in shown else OTHERS
+        value = s.billed.prompt_tokens + s.billed.completion_tokens
+        tokens[day, name] = tokens.get((day, name), 0) + value
+    bars = [Bar(d.key, tuple(tokens.get((d.key, n), 0) for n in names)) for d in days]
+    return bars, names
+
+
+def column_chart(
+    bars: Sequence[Bar],
+    title: str,
+    parts: Sequence[str] = PARTS,
+    *,
+    width: int = 760,
+    height: int = 240,
+) -> Markup:
+    """Stacked columns, one per bar, left to right as given; ``parts`` names the stack."""
     left, bottom, top = 64, 36, 28
     plot_h = height - bottom - top
     peak = max((b.total for b in bars), default=0) or 1
@@ -59,7 +89,7 @@ def column_chart(bars: Sequence[Bar], title: str, *, width: int = 760, height: i
             body.append(
                 f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{h:.1f}" '
                 f'fill="{COLOURS[part]}"><title>{escape(bar.label)}: {value:,} '
-                f"{PARTS[part]}</title></rect>"
+                f"{escape(parts[part])}</title></rect>"
             )
         if len(bars) <= 16 or i % max(1, len(bars) // 8) == 0:
             body.append(
@@ -97,10 +127,10 @@ def row_chart(bars: Sequence[Bar], title: str, *, width: int = 760) -> Markup:
     return _svg(width, height, title, body)
 
 
-def legend() -> Markup:
+def legend(parts: Sequence[str] = PARTS) -> Markup:
     items = "".join(
         f'<span class="key"><span class="swatch c{i}"></span>{escape(p)}</span>'
-        for i, p in enumerate(PARTS)
+        for i, p in enumerate(parts)
     )
     return Markup(f'<p class="legend">{items}</p>')
 

@@ -206,12 +206,14 @@ def spend_page(request: Request) -> Response:
     days = int(text)
     cache: SpendCache = request.app.state.spend
     figures = cache.figures(days)
+    day_bars, agents = charts.day_agent_bars(figures.by_day, figures.by_day_agent)
     return render(
         request,
         "spend.html",
         days=days,
         figures=figures,
-        day_chart=charts.column_chart(charts.spend_bars(figures.by_day), "tokens per day (UTC)"),
+        day_chart=charts.column_chart(day_bars, "billed tokens per day (UTC), by agent", agents),
+        day_legend=charts.legend(agents),
         agent_chart=charts.row_chart(charts.spend_bars(figures.by_agent), "tokens per agent"),
         legend=charts.legend(),
         priced=bool(request.app.state.runtime.settings.prices),

@@ -90,6 +90,15 @@ def test_no_page_shows_a_credential(client: TestClient, console_runtime: Runtime
     assert "root:***@" in client.get("/", headers=BASIC).text
 
 
+def test_what_turns_carry_is_shown_as_text(client: TestClient, console_runtime: Runtime) -> None:
+    turn = console_runtime.journal.create_turn(
+        "s", "<script>alert(1)</script> key sk-abcdef0123456789"
+    )
+    for path in ["/", f"/turns/{turn.turn_id}"]:
+        text = client.get(path, headers=BASIC).text
+        assert "<script>alert" not in text and "&lt;script&gt;alert(1)" in text
+
+
 def test_the_login_form_signs_in_and_out(client: TestClient) -> None:
     refused = client.post(
         "/login", data={"user": USER, "password": "wrong"}, headers={"Origin": BASE}
@@ -265,7 +274,8 @@ def test_the_spend_chart_is_drawn_on_the_server(
     )
     page = client.get("/spend", headers=BASIC).text
     today = datetime.now(UTC).strftime("%Y-%m-%d")
-    assert page.count("<svg") == 2 and f"<title>{today}: 900 prompt tokens</title>" in page
+    assert page.count("<svg") == 2 and f"<title>{today}: 1,000 default</title>" in page
+    assert "<title>default: 900 prompt tokens</title>" in page
     assert "<script" not in page
 
 
