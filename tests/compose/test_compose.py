@@ -199,7 +199,7 @@ def test_flower_needs_credentials_and_lists_the_three_workers(stack: Stack) -> N
 
 def test_the_console_needs_credentials_and_shows_the_turns(stack: Stack) -> None:
     base = f"http://127.0.0.1:{stack.console_port}"
-    status, _ = _wait(lambda: stack.page(base + "/")[0] or None, 60, "the console")
+    status = _wait(lambda: stack.page(base + "/")[0] or None, 60, "the console")
     assert status == 401
     user = stack.console_auth.split(":", 1)[0]
     code, text = stack.page(base + "/", stack.console_auth)
