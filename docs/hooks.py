@@ -216,7 +216,9 @@ OTHER_VARIABLES = [
         "str",
         "(unset)",
         "`<step or tool>:<before_run or after_run>`, or `delivery:before_claim`: the worker "
-        "exits at exactly that point (for the crash matrix and tests; inert when unset)",
+        "exits at exactly that point (for the crash matrix and tests; inert when unset), once "
+        "per worker (a prefork child that fired is replaced by one that is not armed); a tool "
+        "the worker does not have stops its start (exit 2)",
     ),
 ]
 LONG_DEFAULT = 60

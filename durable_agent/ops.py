@@ -69,10 +69,14 @@ def resolve_uncertain(
     *,
     note: str | None = None,
     by: str | None = None,
+    replace: bool = False,
     settings: Settings | None = None,
 ) -> UncertainEffect:
-    """Record whether the effect happened (``happened``, ``not_happened``, ``ignored``)."""
-    return uncertain.resolve(runtime_for(settings), turn_id, step, verdict, note=note, by=by)
+    """Record whether the effect happened (``happened``, ``not_happened``, ``ignored``); an
+    effect with a verdict keeps it (InvalidArgument naming it) unless ``replace``."""
+    return uncertain.resolve(
+        runtime_for(settings), turn_id, step, verdict, note=note, by=by, replace=replace
+    )
 
 
 def list_approvals(

@@ -197,6 +197,11 @@ class Runtime:
         """Postgres is reachable and migrated to this code's version; else a one-line error."""
         require_current(self.database)
 
+    def database_now(self) -> datetime:
+        """Postgres's clock (``durable_agent_now()``), by which every recorded time is taken."""
+        now: datetime = self.database.value("database_now")
+        return now
+
     def check_worker_start(self) -> None:
         """Everything a worker needs before it takes a turn; raises with one line if not.
 
@@ -204,17 +209,35 @@ class Runtime:
         the model endpoint configured.
         """
         self.require_schema()
-        from .operate.uncertain import hooks
+        from .operate.paging import hooks
 
         hooks(self)  # a DURABLE_AGENT_UNCERTAIN_CALLBACK that cannot be imported stops here
-        self.turn_worker()
+        worker = self.turn_worker()
         self.agents  # noqa: B018 (a bad agent definition fails the start)
+        self._check_tool_names(worker.faults.armed)
         if not len(self.tools):
             where = ", ".join(self.settings.tool_modules) or "(DURABLE_AGENT_TOOLS is empty)"
             raise ConfigurationError(
                 f"no tools: the tools module(s) {where} define no @tool; "
                 "set DURABLE_AGENT_TOOLS to the module(s) that define your tools"
             )
+
+    def _check_tool_names(self, crash_at: tuple[int | str, str] | None) -> None:
+        """Names of tools in the settings that this worker does not have fail the start: a
+        typo in DURABLE_AGENT_APPROVAL_REQUIRED would let the tool it meant run unasked, one
+        in CRASH_AT would never fire."""
+        from .step.faults import check_tools
+
+        known = set(self.tools.names())
+        for agent in self.agents:
+            known.update(t.name for t in agent.tools)
+        unknown = sorted(self.settings.approval_tools - known)
+        if unknown:
+            raise ConfigurationError(
+                f"DURABLE_AGENT_APPROVAL_REQUIRED names no tool of this worker: "
+                f"{', '.join(unknown)} (its tools: {', '.join(sorted(known)) or 'none'})"
+            )
+        check_tools(crash_at, known)  # type: ignore[arg-type]
 
     # -- the client -----------------------------------------------------------------------
 

@@ -148,7 +148,9 @@ class Settings(BaseSettings):
 
     # operating it (control.py, uncertain.py, approvals.py)
     approval_required: str = Field(
-        default="", description="comma-separated tools whose calls wait for a person's approval"
+        default="",
+        description="comma-separated tools whose calls wait for a person's approval (a name "
+        "that is no tool of the worker stops its start)",
     )
     uncertain_task: str = Field(
         default="",
@@ -160,6 +162,13 @@ class Settings(BaseSettings):
     )
     uncertain_callback: str = Field(
         default="", description="'module:function' called with each new uncertain effect"
+    )
+    uncertain_hook_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="longest wait for one call of an uncertain-effects hook",
     )
     prices: str = Field(
         default="",

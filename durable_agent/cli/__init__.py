@@ -34,7 +34,7 @@ from ..operate.spend import GROUPINGS
 from ..redact import printable
 from ..runtime import Runtime
 from ..settings import load_settings
-from .arguments import since_time, whole_number
+from .arguments import since_on_clock, since_time, whole_number
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NOT_FOUND = 1, 2, 3, 4
 
@@ -221,7 +221,7 @@ def cmd_turns(runtime: Runtime, args: argparse.Namespace) -> int:
 def cmd_spend(runtime: Runtime, args: argparse.Namespace) -> int:
     since = since_time(args.since) if args.since is not None else None
     runtime.require_schema()
-    spends = runtime.spend(args.by, limit=args.limit, since=since)
+    spends = runtime.spend(args.by, limit=args.limit, since=since_on_clock(since, runtime))
     if args.json:
         key = "turn_id" if args.by == "turn" else args.by
         rows = [{key: s.key, **s.as_json()} for s in spends]

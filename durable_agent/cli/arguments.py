@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from ..errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
 
 
 def whole_number(low: int, high: int, what: str = "a whole number") -> Callable[[str], int]:
@@ -24,12 +28,13 @@ def whole_number(low: int, high: int, what: str = "a whole number") -> Callable[
     return parse
 
 
-def since_time(text: str) -> datetime:
-    """``--since``: an age (``2h``: since two hours ago) or an ISO time."""
+def since_time(text: str) -> datetime | timedelta:
+    """``--since``: an age (``2h``: a timedelta, counted back from Postgres's clock by
+    :func:`since_on_clock`) or an ISO time; bad input raises before anything is read."""
     from ..operate.retention import parse_age
 
     try:
-        return datetime.now(UTC) - timedelta(seconds=parse_age(text))
+        return timedelta(seconds=parse_age(text))
     except InvalidArgument:
         pass
     try:
@@ -39,3 +44,11 @@ def since_time(text: str) -> datetime:
             f"--since takes an age (30m, 2h, 7d) or an ISO time, got {text!r}"
         ) from None
     return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def since_on_clock(since: datetime | timedelta | None, runtime: Runtime) -> datetime | None:
+    """The time ``--since`` names: an age is counted back from the database's clock (the
+    one every recorded time was taken by), not this machine's."""
+    if since is None or isinstance(since, datetime):
+        return since
+    return runtime.database_now() - since

@@ -18,7 +18,7 @@ from ..operate import approvals, retention, uncertain
 from ..operate import cancel as control
 from ..operate.cancel import check_by, check_note
 from ..redact import printable
-from .arguments import since_time, whole_number
+from .arguments import since_on_clock, since_time, whole_number
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
@@ -63,7 +63,7 @@ def cmd_prune(runtime: Runtime, args: argparse.Namespace) -> int:
     print(
         f"{verb} {count.turns} finished turn(s) older than {args.older_than} "
         f"({count.steps} journal row(s){blobs}); kept {count.kept} with unresolved "
-        "uncertain effects"
+        f"uncertain effects and {count.kept_open_session} of sessions with an open turn"
     )
     return 0
 
@@ -74,6 +74,7 @@ def _prune_json(count: Any, dry_run: bool) -> dict[str, Any]:
         "turns": count.turns,
         "steps": count.steps,
         "kept": count.kept,
+        "kept_open_session": count.kept_open_session,
         "blobs": count.blobs,
     }
 
@@ -83,7 +84,11 @@ def cmd_uncertain(runtime: Runtime, args: argparse.Namespace) -> int:
     since = since_time(args.since) if args.since is not None else None
     runtime.require_schema()
     effects = uncertain.list_uncertain(
-        runtime, since=since, include_resolved=args.all, turn_id=args.turn, agent=args.agent
+        runtime,
+        since=since_on_clock(since, runtime),
+        include_resolved=args.all,
+        turn_id=args.turn,
+        agent=args.agent,
     )
     if args.json:
         print(json.dumps([e.as_json() for e in effects], indent=2, ensure_ascii=False))
@@ -117,18 +122,36 @@ def cmd_uncertain(runtime: Runtime, args: argparse.Namespace) -> int:
 def cmd_resolve(runtime: Runtime, args: argparse.Namespace) -> int:
     _check_inputs(args, "note")
     runtime.require_schema()
+    before = _resolution(runtime, args.turn_id, args.step) if args.replace else None
     effect = uncertain.resolve(
-        runtime, args.turn_id, args.step, args.verdict, note=args.note, by=args.by
+        runtime,
+        args.turn_id,
+        args.step,
+        args.verdict,
+        note=args.note,
+        by=args.by,
+        replace=args.replace,
     )
     r = effect.resolution
     assert r is not None
+    replaced = (
+        f"; replaces {before.verdict} by {before.resolved_by} at {before.resolved_at.isoformat()}"
+        if before is not None
+        else ""
+    )
     print(
         printable(
             f"turn {effect.turn_id} step {effect.step} ({effect.tool}): {r.verdict}, "
-            f"by {r.resolved_by} at {r.resolved_at.isoformat()}"
+            f"by {r.resolved_by} at {r.resolved_at.isoformat()}{replaced}"
         )
     )
     return 0
+
+
+def _resolution(runtime: Runtime, turn_id: str, step: int) -> uncertain.Resolution | None:
+    """The verdict the effect at (turn, step) has now, if any."""
+    effects = uncertain.list_uncertain(runtime, turn_id=turn_id, include_resolved=True)
+    return next((e.resolution for e in effects if e.step == step), None)
 
 
 def cmd_approvals(runtime: Runtime, args: argparse.Namespace) -> int:
@@ -233,6 +256,9 @@ def register(add: Add) -> None:
     )
     resolve.add_argument("--note", default=None, help="what you found")
     resolve.add_argument("--by", default=None, help="who (default: user@host)")
+    resolve.add_argument(
+        "--replace", action="store_true", help="replace the verdict it has (kept on record)"
+    )
 
     listing = add("approvals", cmd_approvals, "tool calls waiting for a decision")
     listing.add_argument("--turn", default=None, help="one turn only")

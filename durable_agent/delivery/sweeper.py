@@ -31,7 +31,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from ..errors import DurableAgentError, ServiceUnavailable
-from ..operate.uncertain import notify_new
+from ..operate.paging import notify_new
 from .doorbell import new_message_id, send
 
 if TYPE_CHECKING:
@@ -53,7 +53,12 @@ class Sweeper:
 
     def sweep_once(self) -> list[tuple[str, str, str]]:
         runtime = self.runtime
-        notify_new(runtime)  # uncertain effects to the configured hooks (uncertain.py)
+        try:
+            notify_new(runtime)  # uncertain effects to the configured hooks (paging.py)
+        except ServiceUnavailable:
+            raise
+        except DurableAgentError as error:  # paging must not stop the sweep
+            log.warning("uncertain effects not told yet (will retry): %s", error)
         runtime.leases.end_dead_local_holders()  # their turns are then due as 'claim expired'
         dead_receivers = runtime.leases.dead_local_receivers()
         with runtime.database.transaction() as tx:

@@ -150,7 +150,13 @@ class TurnWorker:
         delivery = Delivery(turn.turn_id, Outcome.DONE)
         runner: StepRunner | None = None
         # the first claim of a turn finds no journal: none is read then
-        journal = self.store.for_claim(turn.turn_id, claim.epoch, empty=claim.epoch == 1)
+        # the outcome of a never call that ran is kept through a Postgres outage
+        journal = self.store.for_claim(
+            turn.turn_id,
+            claim.epoch,
+            empty=claim.epoch == 1,
+            wait_for_postgres=self._wait_for_postgres,
+        )
         with Heartbeat(self.leases, turn.turn_id, claim.epoch, settings.lease_seconds) as beat:
             try:
                 if turn.attempts > 1:  # resuming: a cancel asked meanwhile stops it here
@@ -223,6 +229,10 @@ class TurnWorker:
                 if runner is not None:
                     delivery.read_back, delivery.executed = runner.read_back, runner.executed
         return delivery
+
+    def _wait_for_postgres(self, error: ServiceUnavailable) -> None:
+        self.runtime.outage.report(error)
+        self.runtime.outage.wait()
 
     def _give_up(self, claim: Claim) -> Delivery:
         turn = claim.turn

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from .codec import dumps
-from .db import Database, Row, _Connected
+from .db import Database, Row
 from .records import Ended, _Row
 
 
@@ -60,13 +60,15 @@ class Approval(_Row):
 
 @dataclass(frozen=True, slots=True)
 class PruneCount:
-    """Finished turns (and their journal rows) deleted or to delete; turns kept for their
-    unresolved uncertain effects; blobs deleted."""
+    """Finished turns (and their journal rows) deleted or to delete; old turns kept for
+    their unresolved uncertain effects (``kept``) and because their session has an open
+    turn (``kept_open_session``: counted there whatever their effects); blobs deleted."""
 
     turns: int = 0
     steps: int = 0
     kept: int = 0
     blobs: int = 0
+    kept_open_session: int = 0
 
 
 def _ended(row: Row | None) -> Ended | None:
@@ -110,7 +112,12 @@ class OperatorStore:
     def prune_preview(self, older_than_seconds: float) -> PruneCount:
         row = self.db.one("prune_preview", older_than=older_than_seconds)
         assert row is not None
-        return PruneCount(turns=row["turns"], steps=row["steps"], kept=row["kept"])
+        return PruneCount(
+            turns=row["turns"],
+            steps=row["steps"],
+            kept=row["kept"],
+            kept_open_session=row["kept_open"],
+        )
 
     def prune_turns(self, older_than_seconds: float, batch: int) -> PruneCount:
         """Delete one batch of prunable turns (their journal goes with them)."""
@@ -145,8 +152,16 @@ class OperatorStore:
         )
 
     def record_resolution(
-        self, turn_id: str, step: int, verdict: str, note: str | None, resolved_by: str
-    ) -> datetime:
+        self,
+        turn_id: str,
+        step: int,
+        verdict: str,
+        note: str | None,
+        resolved_by: str,
+        *,
+        replace: bool = False,
+    ) -> datetime | None:
+        """When the verdict was recorded; None when the effect had one and not ``replace``."""
         row = self.db.one(
             "record_resolution",
             turn_id=turn_id,
@@ -154,15 +169,27 @@ class OperatorStore:
             verdict=verdict,
             note=note,
             resolved_by=resolved_by,
+            replace=replace,
         )
-        assert row is not None
+        if row is None:
+            return None
         resolved_at: datetime = row["resolved_at"]
         return resolved_at
 
-    @staticmethod
-    def new_uncertain_notices(tx: _Connected, batch: int) -> list[tuple[str, int]]:
-        """Inside the caller's transaction: mark a batch of untold effects as told."""
-        return [(r["turn_id"], r["step"]) for r in tx.run("new_uncertain_notices", batch=batch)]
+    def claim_uncertain_notices(
+        self, hooks: list[str], owner: str, hold_seconds: float, batch: int
+    ) -> list[tuple[str, int, str]]:
+        """(turn_id, step, hook) of untold effects, claimed by ``owner`` for a while."""
+        rows = self.db.run(
+            "claim_uncertain_notices", hooks=hooks, owner=owner, hold=hold_seconds, batch=batch
+        )
+        return [(r["turn_id"], r["step"], r["hook"]) for r in rows]
+
+    def notice_told(self, turn_id: str, step: int, hook: str) -> None:
+        self.db.run("notice_told", turn_id=turn_id, step=step, hook=hook)
+
+    def release_notice(self, turn_id: str, step: int, hook: str, owner: str) -> None:
+        self.db.run("release_notice", turn_id=turn_id, step=step, hook=hook, owner=owner)
 
     # -- approvals -------------------------------------------------------------------------
 

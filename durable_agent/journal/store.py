@@ -7,27 +7,26 @@ at the same (turn, step) is rejected by the primary key.
 
 from __future__ import annotations
 
+import logging
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
-from ..errors import InvalidArgument, LeaseLost, TurnCancelled, TurnNotFound
+from ..errors import InvalidArgument, LeaseLost, ServiceUnavailable, TurnCancelled, TurnNotFound
 from .codec import digest, dumps
 from .db import Database
 from .leases import announce
+from .listings import Listings
 from .operator_store import OperatorStore
-from .records import (
-    AgentSeen,
-    EncodedOutcome,
-    Kind,
-    Replay,
-    Step,
-    Turn,
-    TurnFilter,
-    WorkerSeen,
-)
+from .records import EncodedOutcome, Kind, Replay, Step, Turn
+
+log = logging.getLogger(__name__)
+
+WaitForPostgres = Callable[[ServiceUnavailable], None]
+"""Blocks until Postgres answers again (given the error that found it unreachable)."""
 
 
 def new_turn_id() -> str:
@@ -46,8 +45,9 @@ def submitted_again(
     return existing
 
 
-class JournalStore:
-    """Turns, journal rows and blobs, through the process's autocommit connection."""
+class JournalStore(Listings):
+    """Turns, journal rows and blobs, through the process's autocommit connection (the
+    console's listings of turns, workers and agents come from :class:`Listings`)."""
 
     def __init__(self, db: Database, *, blob_threshold: int = 16 * 1024) -> None:
         self.db = db
@@ -104,30 +104,6 @@ class JournalStore:
             rows = self.db.run("list_session_turns", session_id=session_id, limit=limit)
         return [Turn.from_row(row) for row in rows]
 
-    def find_turns(
-        self, turn_filter: TurnFilter, *, before: tuple[datetime, str] | None, limit: int
-    ) -> list[Turn]:
-        """Turns newest first that match the filter, after the ``before`` turn
-        ((created_at, turn_id) of the last one of the page before; None: from the newest)."""
-        before_at, before_id = before if before is not None else (None, None)
-        rows = self.db.run(
-            "find_turns",
-            **turn_filter.params(),
-            before_at=before_at,
-            before_id=before_id,
-            limit=limit,
-        )
-        return [Turn.from_row(row) for row in rows]
-
-    def workers(self, window_seconds: float) -> list[WorkerSeen]:
-        """The worker processes seen in the turns table: claims held and expired, the
-        furthest lease, messages received within ``window_seconds``."""
-        return [WorkerSeen.from_row(r) for r in self.db.run("workers", window=window_seconds)]
-
-    def agents_seen(self) -> list[AgentSeen]:
-        """Each (agent, digest) the turns ran with, with its count and newest turn."""
-        return [AgentSeen.from_row(row) for row in self.db.run("agents_seen")]
-
     def session_history(self, session_id: str, before_seq: int) -> list[tuple[str, str]]:
         """(user message, reply) of the session's earlier finished turns, in order."""
         rows = self.db.run("session_history", session_id=session_id, seq=before_seq)
@@ -166,10 +142,19 @@ class JournalStore:
 
     # -- journal ---------------------------------------------------------------------------
 
-    def for_claim(self, turn_id: str, epoch: int, *, empty: bool = False) -> ClaimedJournal:
+    def for_claim(
+        self,
+        turn_id: str,
+        epoch: int,
+        *,
+        empty: bool = False,
+        wait_for_postgres: WaitForPostgres | None = None,
+    ) -> ClaimedJournal:
         """The turn's journal as the claim at ``epoch`` writes it (``empty``: known to have
-        no steps yet, so none are read)."""
-        return ClaimedJournal(self, turn_id, epoch, [] if empty else None)
+        no steps yet, so none are read; ``wait_for_postgres``: see ClaimedJournal)."""
+        return ClaimedJournal(
+            self, turn_id, epoch, [] if empty else None, wait_for_postgres=wait_for_postgres
+        )
 
     def load_journal(self, turn_id: str) -> list[Step]:
         """Every journal row of the turn, in step order: one query, blobs joined in."""
@@ -359,14 +344,28 @@ class JournalStore:
 
 
 class ClaimedJournal:
-    """The Postgres journal of one turn as one claim writes it (see ``TurnJournal``)."""
+    """The Postgres journal of one turn as one claim writes it (see ``TurnJournal``).
+
+    The outcome of a ``never`` call that ran is known to this worker alone until it is
+    written: with ``wait_for_postgres``, a write that cannot reach Postgres keeps the outcome,
+    waits until Postgres answers and writes it then, if this claim's epoch is still the
+    turn's (the fence decides; otherwise LeaseLost, and the turn's new holder reads the call
+    as interrupted). Without it, the outage ends the delivery and the call is uncertain.
+    """
 
     def __init__(
-        self, store: JournalStore, turn_id: str, epoch: int, steps: list[Step] | None = None
+        self,
+        store: JournalStore,
+        turn_id: str,
+        epoch: int,
+        steps: list[Step] | None = None,
+        *,
+        wait_for_postgres: WaitForPostgres | None = None,
     ) -> None:
         self.store = store
         self.turn_id = turn_id
         self.epoch = epoch
+        self.wait_for_postgres = wait_for_postgres
         self._steps = steps
         self._never_steps: set[int] = set()  # intents of never tools this claim wrote
         self._held: EncodedOutcome | None = None  # an outcome written with the next write
@@ -425,13 +424,45 @@ class ClaimedJournal:
         if step in self._never_steps:
             # on disk at once; watchers are told with the next write (a separate statement
             # now would cost a round trip), or by flush() if none comes
-            outcome = self.store.encode_outcome(step, output)
-            self.store.write_outcome(
-                self.turn_id, self.epoch, outcome, durable=True, announce_now=False
-            )
+            self._write_kept(step, output)
             self._untold = step
         else:
             self._held = self.store.encode_outcome(step, output)
+
+    def _write_kept(self, step: int, output: Any) -> None:
+        """Write a never call's outcome, through a Postgres outage if ``wait_for_postgres``."""
+        retried = False
+        while True:
+            try:
+                outcome = self.store.encode_outcome(step, output)
+                self.store.write_outcome(
+                    self.turn_id, self.epoch, outcome, durable=True, announce_now=False
+                )
+                return
+            except ServiceUnavailable as error:
+                if self.wait_for_postgres is None:
+                    raise
+                log.warning(
+                    "turn %s: keeping the outcome of step %d until Postgres is back (%s)",
+                    self.turn_id,
+                    step,
+                    error,
+                )
+                self.wait_for_postgres(error)
+                retried = True
+            except LeaseLost:
+                if retried and self._written_by_this_claim(step):
+                    return  # the write before the connection broke did commit
+                raise
+
+    def _written_by_this_claim(self, step: int) -> bool:
+        done = self.store.load_journal_from(self.turn_id, step)
+        return (
+            bool(done)
+            and done[0].step == step
+            and done[0].status == "done"
+            and (done[0].epoch == self.epoch)
+        )
 
     def take_held(self) -> EncodedOutcome | None:
         """The held-back outcome, for the caller to write with the turn's end (which

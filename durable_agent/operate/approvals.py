@@ -127,9 +127,11 @@ def approval_gate(
 def list_approvals(
     runtime: Runtime, *, turn_id: str | None = None, include_decided: bool = False
 ) -> list[Approval]:
-    """Calls waiting for a decision (``include_decided``: decided ones too), oldest first."""
+    """Calls waiting for a decision (``include_decided``: decided ones too), oldest first.
+    Raises TurnNotFound for an unknown ``turn_id``."""
     if turn_id is not None:
         check_id("turn_id", turn_id)
+        runtime.get_turn(turn_id)  # TurnNotFound: an unknown turn is not an empty list
     return OperatorStore(runtime.database).list_approvals(
         turn_id=turn_id, include_decided=include_decided
     )

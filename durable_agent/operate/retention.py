@@ -72,4 +72,10 @@ def prune(
         if deleted < batch:
             break
     log.info("pruned %d turns, %d steps, %d blobs", turns, steps, blobs)
-    return PruneCount(turns=turns, steps=steps, kept=preview.kept, blobs=blobs)
+    return PruneCount(
+        turns=turns,
+        steps=steps,
+        kept=preview.kept,
+        blobs=blobs,
+        kept_open_session=preview.kept_open_session,
+    )

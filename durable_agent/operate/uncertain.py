@@ -11,23 +11,17 @@ retry?), read from the rest of the turn's journal. ``resolve`` records an operat
 verdict (happened, not happened, ignored) with who and when, in ``resolutions``; the journal
 row is never changed, and the latest verdict counts.
 
-New ones reach a pager through a hook: ``DURABLE_AGENT_UNCERTAIN_TASK`` names a Celery task
-sent the effect's JSON on ``DURABLE_AGENT_UNCERTAIN_QUEUE``, ``DURABLE_AGENT_UNCERTAIN_CALLBACK``
-a ``module:function`` called with the :class:`UncertainEffect`. The sweeper tells them once
-each (``uncertain_notices``, one pass at a time across the fleet); a hook that raises leaves
-the batch untold, to be told at the next pass.
+New ones reach a pager through the hooks of ``paging.py``.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import ConfigurationError, InvalidArgument, ServiceUnavailable
+from ..errors import InvalidArgument
 from ..inputs import check_id
 from ..journal.db import Row
 from ..journal.operator_store import OperatorStore
@@ -41,7 +35,6 @@ log = logging.getLogger(__name__)
 
 Verdict = Literal["happened", "not_happened", "ignored"]
 VERDICTS: tuple[Verdict, ...] = ("happened", "not_happened", "ignored")
-_NOTICE_LOCK_KEY = 0x756E6365  # "unce": one notifying pass at a time across the fleet
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +65,16 @@ class UncertainEffect:
     resolution: Resolution | None = None
     agent: str = "default"
 
+    @property
+    def notice_id(self) -> str:
+        """``<turn_id>:<step>``: the same for every time a hook is told of this effect (it
+        is told at least once), to deduplicate pages with."""
+        return f"{self.turn_id}:{self.step}"
+
     def as_json(self) -> dict[str, Any]:
         r = self.resolution
         return {
+            "notice_id": self.notice_id,
             "turn_id": self.turn_id,
             "session_id": self.session_id,
             "agent": self.agent,
@@ -110,9 +110,10 @@ def list_uncertain(
     limit: int = 1000,
 ) -> list[UncertainEffect]:
     """Uncertain effects, oldest first: unresolved ones (``include_resolved``: all), of one
-    turn or of one agent's turns if asked."""
+    turn or of one agent's turns if asked. Raises TurnNotFound for an unknown ``turn_id``."""
     if turn_id is not None:
         check_id("turn_id", turn_id)
+        runtime.get_turn(turn_id)  # TurnNotFound: an unknown turn is not an empty inbox
     if agent is not None:
         check_id("agent", agent)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
@@ -122,7 +123,7 @@ def list_uncertain(
     rows = OperatorStore(runtime.database).uncertain_effects(
         since=since, turn_id=turn_id, agent=agent, include_resolved=include_resolved, limit=limit
     )
-    return _effects(runtime, rows)
+    return effects_of(runtime, rows)
 
 
 def resolve(
@@ -133,9 +134,12 @@ def resolve(
     *,
     note: str | None = None,
     by: str | None = None,
+    replace: bool = False,
 ) -> UncertainEffect:
     """Record an operator's verdict on the uncertain effect at (turn, step); the journal is
-    not touched. Raises TurnNotFound, or InvalidArgument when that step is not uncertain."""
+    not touched. An effect that has a verdict keeps it unless ``replace`` (the earlier one
+    stays on record; the latest counts). Raises TurnNotFound, or InvalidArgument when that
+    step is not uncertain or has a verdict and ``replace`` is not given."""
     check_id("turn_id", turn_id)
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise InvalidArgument(f"step must be a whole number, 0 or more, got {step!r}")
@@ -145,18 +149,29 @@ def resolve(
     who = check_by(by)
     runtime.get_turn(turn_id)  # TurnNotFound
     store = OperatorStore(runtime.database)
-    if not store.uncertain_effects(turn_id=turn_id, step=step, include_resolved=True, limit=1):
+    found = store.uncertain_effects(turn_id=turn_id, step=step, include_resolved=True, limit=1)
+    if not found:
         raise InvalidArgument(f"step {step} of turn {turn_id} is not an uncertain effect")
-    store.record_resolution(turn_id, step, verdict, note, who)
+    if store.record_resolution(turn_id, step, verdict, note, who, replace=replace) is None:
+        before = effects_of(
+            runtime,
+            store.uncertain_effects(turn_id=turn_id, step=step, include_resolved=True, limit=1),
+        )[0].resolution
+        assert before is not None
+        raise InvalidArgument(
+            f"step {step} of turn {turn_id} was already resolved {before.verdict} by "
+            f"{before.resolved_by} at {before.resolved_at.isoformat()}; "
+            "pass --replace (replace=True) to record a new verdict"
+        )
     log.info("uncertain effect %s step %d resolved %s by %s", turn_id, step, verdict, who)
     rows = store.uncertain_effects(turn_id=turn_id, step=step, include_resolved=True, limit=1)
-    return _effects(runtime, rows)[0]
+    return effects_of(runtime, rows)[0]
 
 
 # -- what the model did next -----------------------------------------------------------------
 
 
-def _effects(runtime: Runtime, rows: list[Row]) -> list[UncertainEffect]:
+def effects_of(runtime: Runtime, rows: list[Row]) -> list[UncertainEffect]:
     journals: dict[str, list[Step]] = {}
     effects = []
     for row in rows:
@@ -218,76 +233,3 @@ def _effect(row: Row, journal: list[Step]) -> UncertainEffect:
         resolution=resolution,
         agent=row.get("agent") or "default",
     )
-
-
-# -- telling someone ----------------------------------------------------------------------------
-
-Hook = Callable[[UncertainEffect], None]
-
-
-def hooks(runtime: Runtime) -> list[Hook]:
-    """The configured hooks (none: the sweeper reads nothing for them)."""
-    settings = runtime.settings
-    found: list[Hook] = []
-    if settings.uncertain_task:
-        queue = settings.uncertain_queue or f"{settings.queue}.uncertain"
-
-        def send(effect: UncertainEffect) -> None:
-            runtime.celery.send_task(settings.uncertain_task, args=[effect.as_json()], queue=queue)
-
-        found.append(send)
-    if settings.uncertain_callback:
-        found.append(_import_callable(settings.uncertain_callback))
-    return found
-
-
-def _import_callable(path: str) -> Hook:
-    module_name, _, name = path.partition(":")
-    try:
-        function = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as error:
-        raise ConfigurationError(
-            f"DURABLE_AGENT_UNCERTAIN_CALLBACK={path}: cannot import it ({error})"
-        ) from error
-    if not callable(function):
-        raise ConfigurationError(f"DURABLE_AGENT_UNCERTAIN_CALLBACK={path} is not callable")
-    hook: Hook = function
-    return hook
-
-
-def notify_new(runtime: Runtime, batch: int = 100) -> int:
-    """Give each new uncertain effect to the hooks, once; how many were told. A sweeper pass
-    calls this; a failing hook is logged and the batch is told again at the next pass."""
-    try:
-        return _notify_new(runtime, batch)
-    except ServiceUnavailable:
-        raise
-    except Exception as error:  # a hook's failure must not stop the sweeper
-        log.warning("uncertain effects not told yet (will retry): %r", error)
-        return 0
-
-
-def _notify_new(runtime: Runtime, batch: int) -> int:
-    told = hooks(runtime)
-    if not told:
-        return 0
-    with runtime.database.transaction() as tx:
-        if not tx.value("try_sweep_lock", key=_NOTICE_LOCK_KEY):
-            return 0
-        new = OperatorStore.new_uncertain_notices(tx, batch)
-        store = OperatorStore(runtime.database)
-        for turn_id, step in new:
-            rows = store.uncertain_effects(
-                turn_id=turn_id, step=step, include_resolved=True, limit=1
-            )
-            for effect in _effects(runtime, rows):
-                for hook in told:
-                    hook(effect)
-                log.warning(
-                    "uncertain effect: turn %s step %d %s (%s)",
-                    effect.turn_id,
-                    effect.step,
-                    effect.tool,
-                    effect.how,
-                )
-    return len(new)

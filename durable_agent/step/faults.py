@@ -9,6 +9,11 @@ delivery arrives, after the worker noted its receipt and before it claims the tu
 transaction (``start_turn(connection=...)``), after that transaction committed and before the
 turn's message is sent. The process ends with ``os._exit(1)``: no cleanup, no ack, exactly
 like a killed worker.
+
+A crash point fires once per worker: the processes of one worker (the main process and the
+pool children it forks) share one token, taken by the first to reach the point. A prefork
+child that fired is replaced by Celery, and the replacement is not armed again, so arming
+one crash gives one crash. A worker restarted (a new process) is armed again.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterable
 from typing import Literal
 
 from ..errors import ConfigurationError
@@ -25,8 +31,32 @@ POINTS: tuple[CrashPoint, ...] = ("before_run", "after_run")
 DELIVERY = ("delivery", "before_claim")
 DOORBELL = ("doorbell", "after_commit")
 ENV = "CRASH_AT"
+FORMS = (
+    "<step|tool>:<before_run|after_run> (e.g. 4:after_run, send_email:before_run) "
+    "or delivery:before_claim (or doorbell:after_commit, in an application)"
+)
 
 log = logging.getLogger(__name__)
+
+
+class _Token:
+    """One byte in a pipe made before any fork: the process that reads it fires; every
+    process forked from the same worker then finds the pipe empty."""
+
+    def __init__(self) -> None:
+        self._read, write = os.pipe()
+        os.write(write, b"x")
+        os.close(write)
+        os.set_blocking(self._read, False)
+
+    def take(self) -> bool:
+        try:
+            return os.read(self._read, 1) == b"x"
+        except BlockingIOError:
+            return False
+
+
+_token = _Token()  # made at import, in the worker's main process, before the pool forks
 
 
 def parse(spec: str | None) -> tuple[int | str, CrashPoint] | None:
@@ -37,10 +67,20 @@ def parse(spec: str | None) -> tuple[int | str, CrashPoint] | None:
         return tuple(spec.strip().split(":"))  # type: ignore[return-value]
     target, _, point = spec.strip().rpartition(":")
     if not target or point not in POINTS:
-        raise ConfigurationError(
-            f"{ENV}={spec!r}: expected <step|tool>:<before_run|after_run>, e.g. 4:after_run"
-        )
+        raise ConfigurationError(f"{ENV}={spec!r}: expected {FORMS}")
     return (int(target) if target.isdigit() else target), point
+
+
+def check_tools(armed: tuple[int | str, CrashPoint] | None, tools: Iterable[str]) -> None:
+    """A crash point armed for a tool this worker does not have would never fire: refuse."""
+    if armed is None or armed in (DELIVERY, DOORBELL) or not isinstance(armed[0], str):
+        return
+    known = sorted(set(tools))
+    if armed[0] not in known:
+        raise ConfigurationError(
+            f"{ENV}={armed[0]}:{armed[1]}: this worker has no tool {armed[0]!r} "
+            f"(its tools: {', '.join(known) or 'none'}); expected {FORMS}"
+        )
 
 
 class Faults:
@@ -54,16 +94,25 @@ class Faults:
         return cls(parse(os.environ.get(ENV)))
 
     def maybe_crash(self, step: int, point: CrashPoint, name: str = "") -> None:
-        if self.armed is not None and self.armed[1] == point and self.armed[0] in (step, name):
-            _exit(f"{ENV}={self.armed[0]}:{self.armed[1]} reached at step {step}")
+        armed = self.armed
+        if armed is not None and armed[1] == point and armed[0] in (step, name) and self._take():
+            _exit(f"{ENV}={armed[0]}:{armed[1]} reached at step {step}")
 
     def maybe_crash_before_claim(self) -> None:
-        if self.armed == DELIVERY:
+        if self.armed == DELIVERY and self._take():
             _exit(f"{ENV}=delivery:before_claim reached")
 
     def maybe_crash_before_doorbell(self) -> None:
         if self.armed == DOORBELL:
             _exit(f"{ENV}=doorbell:after_commit reached")
+
+    def _take(self) -> bool:
+        """True for the first process of this worker to reach the point; the others disarm."""
+        if _token.take():
+            return True
+        log.info("%s=%s:%s fired in this worker already: disarmed", ENV, *self.armed or ("", ""))
+        self.armed = None
+        return False
 
 
 def _exit(what: str) -> None:

@@ -168,3 +168,65 @@ def test_a_postgres_crash_that_loses_the_last_writes_runs_them_again(
         print(f"attempt {attempt}: the intent reached the disk before the kill; again")
     else:
         raise AssertionError(f"three crashes lost no step: {worker.log_text()}")
+
+
+@pytest.mark.parametrize("pool", ["solo", "prefork"])
+def test_a_never_call_that_ran_through_a_postgres_outage_keeps_its_outcome(
+    stack: Stack, spawn: Spawn, own_postgres: EmbeddedServices, pool: str
+) -> None:
+    """Postgres is killed while send_email is inside its SMTP transaction and stays down for
+    over two leases; the email goes out while it is down. The worker holds the result, and
+    writes it when Postgres is back (its epoch is still the turn's): the turn ends done, the
+    tool ran once, the model never reads "may or may not have happened", and the inbox of
+    uncertain effects stays empty. Before, the delivery started over from the journal and the
+    known outcome became uncertain."""
+    import threading
+
+    import psycopg
+
+    from durable_agent.operate.uncertain import list_uncertain
+    from durable_agent.runtime import runtime_for
+
+    url = own_postgres.database_url
+    settings = stack.settings.model_copy(update={"database_url": url})
+    worker = spawn(settings=settings, pool=pool)
+    stack.inbox.hold()
+    turn_id = start_turn(f"s-{uuid.uuid4().hex[:6]}", stack.message, settings=settings)
+    stack.inbox.wait_for_waiting(1, timeout=30)
+
+    outage = threading.Thread(
+        target=own_postgres.restart_postgres,
+        kwargs={"kill": True, "downtime": 2.5 * settings.lease_seconds},
+    )
+    outage.start()
+    try:
+
+        def postgres_down() -> bool:
+            try:
+                psycopg.connect(url, connect_timeout=1).close()
+            except psycopg.OperationalError:
+                return True
+            return False
+
+        wait_until(postgres_down, 20, "Postgres down")
+        stack.inbox.release()  # the email goes out while Postgres is down
+        wait_until(lambda: len(stack.inbox.messages) == 1, 20, "the email")
+    finally:
+        outage.join(timeout=60)
+    runtime = runtime_for(settings)
+    turn = runtime.wait_for_turn(turn_id, 60)
+
+    report = stack.report(turn_id)
+    log = worker.log_text()
+    assert turn.status == "done" and turn.reply == stack.clean_reply, report
+    assert stack.subjects() == [stack.subject], report
+    steps = runtime.journal.load_journal(turn_id)
+    assert [(s.step, s.kind, s.name, s.replay) for s in steps] == stack.clean_steps, report
+    send = steps[3]
+    assert send.status == "done" and not send.output.get("uncertain"), report
+    assert send.output["content"].startswith("Sent"), report
+    assert all("may or may not" not in str(s.output) for s in steps), report
+    assert list_uncertain(runtime, include_resolved=True) == [], report
+    assert turn.crashes == 0, report
+    assert "keeping the outcome of step 3 until Postgres is back" in log, log
+    assert worker.alive() and "Traceback" not in log, log

@@ -16,23 +16,25 @@ if TYPE_CHECKING:
     from conftest import Spawn, Stack
 
 
-def test_every_replacement_child_takes_turns_after_a_sibling_died(
+def test_one_armed_crash_is_one_crash_and_the_replacement_child_takes_turns(
     stack: Stack, spawn: Spawn
 ) -> None:
-    """Each new child dies right after its first send_email (CRASH_AT), so every turn forks
-    a replacement while the sweeper (every 50 ms) uses the database in the main process. A
-    child forked while the sweeper held the database's lock used to wait on it forever, and
-    its slot never took work again; here five turns in a row each finish, one email each."""
+    """CRASH_AT=0:before_run (the first model call of every turn) with the prefork pool: the
+    child that reaches it dies, and Celery forks a replacement while the sweeper (every 50 ms)
+    uses the database in the main process. The replacement used to be armed again, so the
+    turn crashed at every delivery until it failed for too many crashes; a crash point fires
+    once per worker, so the first turn crashes once and then ends done, and four more turns
+    run in the replacement child without a crash (a child forked while the sweeper held the
+    database's lock used to wait on it forever)."""
     settings = stack.settings.model_copy(update={"sweep_interval_seconds": 0.05})
-    worker = spawn(
-        settings=settings, pool="prefork", concurrency=1, CRASH_AT="send_email:after_run"
-    )
+    worker = spawn(settings=settings, pool="prefork", concurrency=1, CRASH_AT="0:before_run")
     for n in range(5):
         turn_id = start_turn(f"s-fork-{n}", stack.message, settings=settings)
         turn = stack.wait_turn(turn_id, 40)
         assert turn.status == "done" and turn.reply == stack.clean_reply, stack.report(turn_id)
+        assert turn.crashes == (1 if n == 0 else 0), stack.report(turn_id)
         assert len(stack.inbox.messages) == n + 1, stack.report(turn_id)
-    assert worker.log_text().count("CRASH_AT=send_email:after_run reached") == 5, stack.logs()
+    assert worker.log_text().count("CRASH_AT=0:before_run reached") == 1, stack.logs()
     assert worker.alive(), stack.logs()
 
 

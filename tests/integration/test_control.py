@@ -407,6 +407,40 @@ def test_uncertain_inbox_lists_resolves_and_tells_the_hooks_once(
     bad = run_cli(op_settings, "resolve", turn.turn_id, "x", "--ignore")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
 
+    # a second verdict does not replace the first silently: refused, naming the first ...
+    again = run_cli(op_settings, "resolve", turn.turn_id, "3", "--not-happened", "--by", "bob")
+    assert again.returncode == 2, again.stdout
+    assert again.stderr.startswith(f"error: step 3 of turn {turn.turn_id} was already resolved")
+    assert "happened by ada at" in again.stderr and "--replace" in again.stderr
+    assert len(again.stderr.splitlines()) == 1
+    [kept] = list_uncertain(turn_id=turn.turn_id, include_resolved=True, settings=op_settings)
+    assert kept.resolution is not None and kept.resolution.resolved_by == "ada"
+    # ... and with --replace it is recorded, saying what it replaces
+    replaced = run_cli(
+        op_settings, "resolve", turn.turn_id, "3", "--not-happened", "--by", "bob", "--replace"
+    )
+    assert replaced.returncode == 0, replaced.stderr
+    assert "send_email): not_happened, by bob at" in replaced.stdout
+    assert "; replaces happened by ada at" in replaced.stdout
+    [now] = list_uncertain(turn_id=turn.turn_id, include_resolved=True, settings=op_settings)
+    assert now.resolution is not None and now.resolution.verdict == "not_happened"
+
+
+@pytest.mark.parametrize("command", ["uncertain", "approvals"])
+def test_listing_an_unknown_turn_is_an_error_not_an_empty_table(
+    op_settings: Settings, command: str
+) -> None:
+    """`uncertain --turn` and `approvals --turn` with a turn id nobody recorded: one error
+    line and exit 4 (TurnNotFound), as `journal` and `wait` do; the Python API raises."""
+    result = run_cli(op_settings, command, "--turn", "turn_nosuch")
+    assert result.returncode == 4, (result.stdout, result.stderr)
+    assert result.stdout == ""
+    assert result.stderr.startswith("error: ") and len(result.stderr.splitlines()) == 1
+    assert "turn_nosuch" in result.stderr
+    listing = list_uncertain if command == "uncertain" else list_approvals
+    with pytest.raises(TurnNotFound):
+        listing(turn_id="turn_nosuch", settings=op_settings)
+
 
 # -- prune -------------------------------------------------------------------------------------
 
@@ -451,7 +485,7 @@ def test_prune_deletes_old_finished_turns_and_keeps_what_is_still_needed(
     assert preview.returncode == 0, preview.stderr
     assert preview.stdout.strip() == (
         "would delete 1 finished turn(s) older than 30d (2 journal row(s)); "
-        "kept 1 with unresolved uncertain effects"
+        "kept 1 with unresolved uncertain effects and 1 of sessions with an open turn"
     )
     assert store.find_turn(old) is not None
 
@@ -462,6 +496,7 @@ def test_prune_deletes_old_finished_turns_and_keeps_what_is_still_needed(
         "turns": 1,
         "steps": 2,
         "kept": 1,
+        "kept_open_session": 1,
         "blobs": 1,
     }
     assert store.find_turn(old) is None and store.load_journal(old) == []

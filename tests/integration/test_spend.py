@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -16,6 +16,9 @@ from durable_agent.journal import Claim, JournalStore, Leases
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
 from durable_agent.testing.harness import settings_env
+
+if TYPE_CHECKING:
+    from conftest import DatabaseClock
 
 OWNER = "w"
 
@@ -178,3 +181,21 @@ def test_cli_spend_and_turns_json(settings: Settings, store: JournalStore, lease
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
     assert bad_price.returncode == 2
     assert bad_price.stderr.startswith("error:") and "PRICES" in bad_price.stderr.upper()
+
+
+def test_spend_since_an_age_counts_back_from_the_database_clock(
+    settings: Settings, store: JournalStore, leases: Leases, clock: DatabaseClock
+) -> None:
+    """`spend --since 2h` (and `uncertain --since`) take the age from Postgres's clock, by
+    which every recorded time is taken, not from the clock of the machine they run on:
+    with the database three hours ahead of this machine, a turn recorded at the database's
+    "now" is in `--since 2h` and out of it three hours later (database time)."""
+    clock.advance(3 * 3600)
+    crashed = _crashed_turn(store, leases, "c")
+    now = _cli(settings, "spend", "--since", "2h", "--json")
+    assert now.returncode == 0, now.stderr
+    assert [r["turn_id"] for r in json.loads(now.stdout)] == [crashed]
+    clock.advance(3 * 3600)  # the database's clock: the turn is three hours old now
+    later = _cli(settings, "spend", "--since", "2h", "--json")
+    assert later.returncode == 0, later.stderr
+    assert json.loads(later.stdout) == []

@@ -153,3 +153,24 @@ def _base_env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if k != "CRASH_AT"}
+
+
+def test_a_crash_point_fires_once_per_worker_across_forked_children() -> None:
+    """The first forked child to reach the point exits; a child forked after it from the
+    same parent (a prefork replacement) is not armed again."""
+    result = _run(
+        """
+        import os
+        from durable_agent.step.faults import Faults
+        codes = []
+        for _ in range(2):
+            pid = os.fork()
+            if pid == 0:
+                Faults((0, "before_run")).maybe_crash(0, "before_run")
+                os._exit(0)
+            codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        print(codes, flush=True)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[1, 0]"

@@ -332,6 +332,10 @@ WHERE status = 'running' AND lease_expires_at > durable_agent_now()
 -- the sweeper
 -- ---------------------------------------------------------------------------------------
 
+-- name: database_now
+-- The clock every recorded time is taken by.
+SELECT durable_agent_now() AS now;
+
 -- name: try_sweep_lock
 -- One sweeper pass at a time across the fleet (held until the transaction ends).
 SELECT pg_try_advisory_xact_lock(:key);
@@ -480,7 +484,9 @@ LEFT JOIN LATERAL durable_agent_next_open(ended.session_id, ended.seq) AS next O
 
 -- name: prune_preview
 -- What prune would delete: finished turns older than the cutoff whose session has no open
--- turn, and the finished turns it keeps for their unresolved uncertain effects.
+-- turn and that have no unresolved uncertain effect; and the old finished turns it keeps:
+-- those of a session with an open turn (kept_open), the others for their unresolved
+-- uncertain effects (kept).
 WITH old AS (
     SELECT t.turn_id,
            EXISTS (SELECT 1 FROM journal AS j
@@ -488,17 +494,20 @@ WITH old AS (
                      AND (j.status = 'intent' OR j.output @> '{"uncertain": true}')
                      AND NOT EXISTS (SELECT 1 FROM resolutions AS r
                                      WHERE r.turn_id = j.turn_id AND r.step = j.step))
-             AS unresolved
+             AS unresolved,
+           EXISTS (SELECT 1 FROM turns AS o WHERE o.session_id = t.session_id
+                   AND o.status IN ('queued', 'running', 'waiting'))
+             AS open_session
     FROM turns AS t
     WHERE t.status IN ('done', 'failed', 'cancelled')
       AND t.finished_at < durable_agent_now() - make_interval(secs => :older_than)
-      AND NOT EXISTS (SELECT 1 FROM turns AS o WHERE o.session_id = t.session_id
-                      AND o.status IN ('queued', 'running', 'waiting'))
 )
-SELECT count(*) FILTER (WHERE NOT unresolved) AS turns,
+SELECT count(*) FILTER (WHERE NOT unresolved AND NOT open_session) AS turns,
        (SELECT count(*) FROM journal AS j
-        WHERE j.turn_id IN (SELECT turn_id FROM old WHERE NOT unresolved)) AS steps,
-       count(*) FILTER (WHERE unresolved) AS kept
+        WHERE j.turn_id IN (SELECT turn_id FROM old
+                            WHERE NOT unresolved AND NOT open_session)) AS steps,
+       count(*) FILTER (WHERE unresolved AND NOT open_session) AS kept,
+       count(*) FILTER (WHERE open_session) AS kept_open
 FROM old;
 
 -- name: prune_turns
@@ -560,26 +569,56 @@ ORDER BY j.created_at, j.turn_id, j.step
 LIMIT :limit;
 
 -- name: record_resolution
--- An operator's verdict on an uncertain effect (the journal row is not touched).
+-- An operator's verdict on an uncertain effect (the journal row is not touched); nothing
+-- when the effect has a verdict already, unless :replace (the earlier ones stay on record).
 INSERT INTO resolutions (turn_id, step, verdict, note, resolved_by, resolved_at)
-VALUES (:turn_id, :step, :verdict, :note, :resolved_by, durable_agent_now())
+SELECT :turn_id, :step, :verdict, :note, :resolved_by, durable_agent_now()
+WHERE :replace OR NOT EXISTS (SELECT 1 FROM resolutions
+                              WHERE turn_id = :turn_id AND step = :step)
 RETURNING resolved_at;
 
--- name: new_uncertain_notices
--- Uncertain effects nobody was told of yet, marked as told (one batch). The caller's
--- transaction holds them until the hook has them: a hook that fails leaves them untold.
-INSERT INTO uncertain_notices (turn_id, step, notified_at)
-SELECT j.turn_id, j.step, durable_agent_now()
-FROM journal AS j JOIN turns AS t ON t.turn_id = j.turn_id
-WHERE j.replay = 'never'
-  AND (j.output @> '{"uncertain": true}'
-       OR (j.status = 'intent' AND t.status IN ('done', 'failed', 'cancelled')))
-  AND NOT EXISTS (SELECT 1 FROM uncertain_notices AS n
-                  WHERE n.turn_id = j.turn_id AND n.step = j.step)
-ORDER BY j.created_at
-LIMIT :batch
-ON CONFLICT DO NOTHING
-RETURNING turn_id, step;
+-- name: claim_uncertain_notices
+-- Uncertain effects some of :hooks was not told of yet, claimed for :hold seconds by
+-- :owner, one row per (effect, hook), oldest first. A row another pass claimed and still
+-- holds, or that was told, is not taken; one whose claim ran out is (at least once).
+WITH effects AS (
+    SELECT j.turn_id, j.step, j.created_at
+    FROM journal AS j JOIN turns AS t ON t.turn_id = j.turn_id
+    WHERE j.replay = 'never'
+      AND (j.output @> '{"uncertain": true}'
+           OR (j.status = 'intent' AND t.status IN ('done', 'failed', 'cancelled')))
+),
+wanted AS (
+    SELECT e.turn_id, e.step, h.hook
+    FROM effects AS e CROSS JOIN unnest(CAST(:hooks AS text[])) AS h (hook)
+    WHERE NOT EXISTS (SELECT 1 FROM uncertain_notices AS n
+                      WHERE n.turn_id = e.turn_id AND n.step = e.step
+                        AND (n.hook = 'all'
+                             OR (n.hook = h.hook
+                                 AND (n.told_at IS NOT NULL
+                                      OR n.claimed_until > durable_agent_now()))))
+    ORDER BY e.created_at, e.turn_id, e.step, h.hook
+    LIMIT :batch
+)
+INSERT INTO uncertain_notices AS n (turn_id, step, hook, notified_at, claimed_by, claimed_until)
+SELECT turn_id, step, hook, durable_agent_now(), :owner,
+       durable_agent_now() + make_interval(secs => :hold)
+FROM wanted
+ON CONFLICT (turn_id, step, hook) DO UPDATE
+    SET claimed_by = excluded.claimed_by, claimed_until = excluded.claimed_until
+    WHERE n.told_at IS NULL AND n.claimed_until <= durable_agent_now()
+RETURNING n.turn_id, n.step, n.hook;
+
+-- name: notice_told
+-- The claimant told the hook: the notice is done, whoever holds the claim now.
+UPDATE uncertain_notices SET told_at = durable_agent_now(), claimed_until = NULL
+WHERE turn_id = :turn_id AND step = :step AND hook = :hook AND told_at IS NULL;
+
+-- name: release_notice
+-- The claimant could not tell the hook (it raised): the next pass tries again.
+UPDATE uncertain_notices SET claimed_until = durable_agent_now()
+WHERE turn_id = :turn_id AND step = :step AND hook = :hook AND claimed_by = :owner
+  AND told_at IS NULL;
 
 -- name: find_approval
 SELECT turn_id, step, tool, arguments, idempotency_key, requested_at, decision, reason,

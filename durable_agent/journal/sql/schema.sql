@@ -132,12 +132,18 @@ CREATE TABLE resolutions (
 );
 CREATE INDEX resolutions_step_idx ON resolutions (turn_id, step, resolution_id);
 
--- uncertain_notices: the uncertain effects the notification hook was given (each once).
+-- uncertain_notices: which hook ('task', 'callback'; 'all' before version 8) was told of
+-- which uncertain effect (told_at), or is being told now by a pass that claimed it until
+-- claimed_until (a claim that runs out is taken again: told at least once).
 CREATE TABLE uncertain_notices (
-    turn_id     text NOT NULL,
-    step        integer NOT NULL,
-    notified_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (turn_id, step),
+    turn_id       text NOT NULL,
+    step          integer NOT NULL,
+    notified_at   timestamptz NOT NULL DEFAULT now(),
+    hook          text NOT NULL DEFAULT 'all',
+    told_at       timestamptz,
+    claimed_by    text,
+    claimed_until timestamptz,
+    CONSTRAINT uncertain_notices_pkey PRIMARY KEY (turn_id, step, hook),
     FOREIGN KEY (turn_id, step) REFERENCES journal (turn_id, step) ON DELETE CASCADE
 );
 
