@@ -66,7 +66,13 @@ def _encode(runtime: Runtime, event: TurnEvent, row: object) -> str:
     if event.step is not None:
         turn = runtime.journal.get_turn(event.turn_id)
         html = row.render(r=step_row(event.step, turn))  # type: ignore[attr-defined]
-        data = {"step": event.step.step, "html": html, "status": str(turn.status)}
+        data = {
+            "step": event.step.step,
+            "html": html,
+            "status": str(turn.status),
+            "attempts": turn.attempts,
+            "crashes": turn.crashes,
+        }
         return f"id: {event.step.step}\nevent: step\ndata: {json.dumps(data)}\n\n"
     assert event.turn is not None
     data = {"status": str(event.turn.status)}

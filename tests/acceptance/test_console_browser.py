@@ -3,7 +3,9 @@ against a real worker fleet: sign in, find the turn that waits for an approval, 
 it, watch its timeline fill in while a second worker resumes it after the first died right
 after the approved send, resolve the uncertain send, and check the database.
 
-``CONSOLE_SCREENSHOTS=docs/images`` saves the pages this test visits as PNGs there (the
+Chromium and its driver are looked for at /usr/bin (``DURABLE_AGENT_CHROMIUM``,
+``DURABLE_AGENT_CHROMEDRIVER`` to use others); without them the test fails saying what to
+install. ``CONSOLE_SCREENSHOTS=docs/images`` saves the pages this test visits as PNGs there (the
 screenshots of docs/how-to/console.md).
 """
 
@@ -34,7 +36,8 @@ pytestmark = pytest.mark.acceptance
 
 USER, PASSWORD = "ada", "correct horse battery staple"
 APPROVAL = {"DURABLE_AGENT_APPROVAL_REQUIRED": "send_email"}
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+CHROMIUM = os.environ.get("DURABLE_AGENT_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("DURABLE_AGENT_CHROMEDRIVER", "/usr/bin/chromedriver")
 SHOTS = os.environ.get("CONSOLE_SCREENSHOTS", "")
 
 
@@ -156,7 +159,15 @@ def test_an_operator_approves_watches_and_resolves_in_the_browser(
     from selenium.webdriver.support.ui import Select
 
     def see(condition: Any, what: str, timeout: float = 30) -> Any:
-        return wait_until(condition, timeout, f"{what}\n{stack.report(turn_id)}")
+        def report() -> str:
+            turn = stack.store.find_turn(turn_id)
+            claim = turn and (turn.lease_owner, turn.lease_expires_at, turn.enqueued_at)
+            return f"claim, lease end, sent: {claim}\n{stack.report(turn_id)}"
+
+        try:
+            return wait_until(condition, timeout, what)
+        except TimeoutError as error:
+            raise AssertionError(f"{error}\n{report()}") from error
 
     # a worker that parks the turn for approval, and dies right after the approved send
     spawn(CRASH_AT="send_email:after_run", **APPROVAL)
@@ -198,9 +209,12 @@ def test_an_operator_approves_watches_and_resolves_in_the_browser(
         found = browser.find_elements(By.CSS_SELECTOR, "#step-3.done.uncertain")
         return bool(found)
 
-    see(uncertain_row_shown, "step 3 to appear done and uncertain on the open page")
+    # the takeover takes about a second (the dead holder's claim is ended); the window is
+    # wide enough for the sweeper's idle-queue probe (30 s) should that path be missed
+    see(uncertain_row_shown, "step 3 to appear done and uncertain on the open page", 60)
     assert browser.execute_script("return window.stillTheSamePage") is True
     assert browser.find_element(By.ID, "turn-status").text == "running"
+    assert browser.find_element(By.ID, "crashes").text == "1"  # the takeover, told live
     shot(browser, "turn-live")
     stack.model.release()
     see(

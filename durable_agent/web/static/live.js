@@ -15,6 +15,10 @@
     var old = document.getElementById(row.id);
     if (old) { old.replaceWith(row); } else { body.appendChild(row); }
     if (status) { status.textContent = data.status; status.className = "status " + data.status; }
+    ["attempts", "crashes"].forEach(function (name) {
+      var cell = document.getElementById(name);
+      if (cell) { cell.textContent = String(data[name]); }
+    });
     table.dataset.lastStep = String(data.step);
   });
   source.addEventListener("end", function () {
