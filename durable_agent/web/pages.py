@@ -12,7 +12,7 @@ from starlette.templating import Jinja2Templates
 from .. import ops
 from ..errors import DurableAgentError, InvalidArgument
 from ..inputs import check_id
-from ..journal import Turn, TurnFilter, TurnStatus
+from ..journal import Step, Turn, TurnFilter, TurnStatus
 from ..runtime import Runtime
 from . import charts
 from .auth import Authenticator, Identity
@@ -142,12 +142,24 @@ def turn_page(request: Request) -> Response:
         "turn.html",
         turn=turn,
         rows=[step_row(s, turn) for s in steps],
-        last_step=steps[-1].step if steps else -1,
+        last_step=last_done(steps),
         approvals=approvals,
         effects=effects,
         waits_for=waits_for(runtime, turn, approvals),
         heartbeat=_heartbeat(runtime, turn),
     )
+
+
+def last_done(steps: list[Step]) -> int:
+    """The last step of the unbroken run of done steps from step 0 (-1: none): the live
+    stream goes on after it, so a step still at its intent (running, or cut short by a
+    crash) comes when its outcome is written."""
+    last = -1
+    for step in steps:
+        if step.status != "done" or step.step != last + 1:
+            break
+        last = step.step
+    return last
 
 
 def waits_for(runtime: Runtime, turn: Turn, approvals: list[Any]) -> str:

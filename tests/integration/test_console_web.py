@@ -227,20 +227,24 @@ def test_the_timeline_and_its_live_events(client: TestClient, console_runtime: R
         store.record_outcome(
             turn_id, epoch, step, {"message": {"content": f"s{step}"}, "usage": usage}
         )
+    store.insert_intent(turn_id, epoch, 2, "tool", "send_email", {}, "never")
     page = client.get(f"/turns/{turn_id}", headers=BASIC).text
     assert 'id="step-1"' in page and "12 + 3" in page and 'data-live="1"' in page
+    # the stream goes on after the last done step: the intent's outcome comes live
+    assert 'id="step-2"' in page and f"/turns/{turn_id}/events?after=1" in page
+    store.record_outcome(turn_id, epoch, 2, {"content": "sent"})
     assert "host:1:2#tok" in page  # the lease holder
     console_runtime.leases.finish(turn_id, epoch, "all done")
 
     with client.stream("GET", f"/turns/{turn_id}/events?after=0", headers=BASIC) as events:
         assert events.headers["content-type"].startswith("text/event-stream")
         text = "".join(events.iter_text())
-    assert "id: 0\n" not in text and "id: 1\nevent: step\n" in text
+    assert "id: 0\n" not in text and "id: 1\nevent: step\n" in text and "id: 2\n" in text
     assert 'id=\\"step-1\\"' in text and text.rstrip().endswith(
         'event: end\ndata: {"status": "done"}'
     )
     with client.stream(
-        "GET", f"/turns/{turn_id}/events", headers={**BASIC, "Last-Event-ID": "1"}
+        "GET", f"/turns/{turn_id}/events", headers={**BASIC, "Last-Event-ID": "2"}
     ) as events:
         resumed = "".join(events.iter_text())
     assert "event: step" not in resumed and "event: end" in resumed
