@@ -209,8 +209,8 @@ def test_an_operator_approves_watches_and_resolves_in_the_browser(
         found = browser.find_elements(By.CSS_SELECTOR, "#step-3.done.uncertain")
         return bool(found)
 
-    # the takeover takes about a second (the dead holder's claim is ended); the window is
-    # wide enough for the sweeper's idle-queue probe (30 s) should that path be missed
+    # a takeover on this machine takes about a second (the dead holder's claim is ended at
+    # the next sweep); the window is wide because the machine is shared
     see(uncertain_row_shown, "step 3 to appear done and uncertain on the open page", 60)
     assert browser.execute_script("return window.stillTheSamePage") is True
     assert browser.find_element(By.ID, "turn-status").text == "running"
