@@ -119,13 +119,21 @@ def _subcommands(
 def cli_commands() -> list[tuple[str, argparse.ArgumentParser, str]]:
     """Every command of ``durable-agent``, subcommands included, as (words, parser, help).
 
-    ``eval`` and ``demo`` are parsed by ``durable_agent.evals.commands``; their parsers come
-    from there, so their options and the evals' subcommands are listed too.
+    ``eval`` and ``demo`` are parsed by ``durable_agent.evals.commands``, ``model-server`` by
+    ``durable_agent.testing``; their parsers come from there, so their options and the evals'
+    subcommands are listed too.
     """
     from durable_agent.cli import build_parser
     from durable_agent.evals.commands import build_parser as build_evals_parser
+    from durable_agent.testing.__main__ import build_parser as build_test_kit_parser
 
     handed_on = {name: sub for name, sub, _ in _subcommands(build_evals_parser())}
+    # durable-agent model-server is python -m durable_agent.testing model-server
+    handed_on.update(
+        (name, sub)
+        for name, sub, _ in _subcommands(build_test_kit_parser())
+        if name == "model-server"
+    )
     commands: list[tuple[str, argparse.ArgumentParser, str]] = []
 
     def walk(words: str, parser: argparse.ArgumentParser, help: str) -> None:

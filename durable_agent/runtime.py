@@ -43,6 +43,7 @@ from .operate.live import (
     wait_until_finished,
 )
 from .operate.spend import Spend, check_grouping, spend_of_turns, spend_report
+from .redact import remember_secrets
 from .settings import Settings, load_settings
 from .step.tools import ToolRegistry, import_module, load_tools
 
@@ -66,6 +67,7 @@ class Runtime:
 
     def __init__(self, settings: Settings | None = None, *, tools: ToolRegistry | None = None):
         self.settings = settings if settings is not None else load_settings()
+        remember_secrets(self.settings.secrets())  # redacted wherever they appear
         self._given_tools = tools
         self._parts: dict[str, Any] = {}
         self._lock = threading.RLock()

@@ -280,7 +280,11 @@ uncertain_notices = Table(
     _text("turn_id", nullable=False),
     _integer("step"),
     _timestamp("notified_at", nullable=False, now=True),
-    PrimaryKeyConstraint("turn_id", "step", name="uncertain_notices_pkey"),
+    _text("hook", nullable=False, server_default=text("'all'::text")),
+    _timestamp("told_at"),
+    _text("claimed_by"),
+    _timestamp("claimed_until"),
+    PrimaryKeyConstraint("turn_id", "step", "hook", name="uncertain_notices_pkey"),
     ForeignKeyConstraint(
         ["turn_id", "step"],
         ["journal.turn_id", "journal.step"],

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import re
 import urllib.parse
+from typing import Any
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import ConfigurationError
 from .operate.spend import Price, parse_prices
+from .redact import remember_secrets, url_password
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful assistant that uses tools to act for the user. "
@@ -35,6 +37,11 @@ class Settings(BaseSettings):
     broker_url: str = Field(
         default="redis://127.0.0.1:6379/0",
         description="the Celery broker (redis://, rediss://, amqp://)",
+    )
+    result_backend: str = Field(
+        default="",
+        description="Celery's result_backend (e.g. the broker's Redis): agent_turn.delay()"
+        ".get() returns the reply ('': none; use wait_for_turn)",
     )
     queue: str = Field(
         default="durable-agent",
@@ -207,6 +214,23 @@ class Settings(BaseSettings):
             raise ValueError("must be at least 16 characters with no spaces")
         return value
 
+    def model_post_init(self, context: Any, /) -> None:
+        # text from outside (a model's error body, a driver's message) may echo a secret
+        # that no pattern recognises: every process redacts the ones it was configured with
+        # (Runtime does it again for settings made with model_copy, which skips this)
+        remember_secrets(self.secrets())
+
+    def secrets(self) -> list[str | None]:
+        """The configured credentials: the API key, the database and broker passwords, the
+        console's passwords and token."""
+        return [
+            self.openai_api_key,
+            url_password(self.database_url),
+            url_password(self.broker_url),
+            *self.console_logins.values(),
+            self.console_token or None,
+        ]
+
     @field_validator("database_url")
     @classmethod
     def _database_url_is_postgres(cls, url: str) -> str:
@@ -222,6 +246,13 @@ class Settings(BaseSettings):
     @classmethod
     def _broker_url_is_usable(cls, url: str) -> str:
         check_broker_url(url)
+        return url
+
+    @field_validator("result_backend")
+    @classmethod
+    def _result_backend_is_redis(cls, url: str) -> str:
+        if url:
+            check_result_backend(url)
         return url
 
     @field_validator("queue", "model")
@@ -324,6 +355,20 @@ def load_settings() -> Settings:
         return Settings()
     except ValidationError as error:
         raise settings_error(error) from None
+
+
+def check_result_backend(url: str) -> None:
+    """Raise ValueError unless ``url`` is a result backend we store turns' ends in (Redis)."""
+    scheme = url.partition("://")[0].lower()
+    if scheme not in ("redis", "rediss"):
+        raise ValueError(
+            "bad result backend: durable-agent stores turns' results in Redis "
+            "(redis:// or rediss://, e.g. the broker's URL)"
+        )
+    try:
+        check_broker_url(url)
+    except ValueError as error:
+        raise ValueError(str(error).replace("bad broker URL", "bad result backend", 1)) from None
 
 
 def check_broker_url(url: str) -> None:

@@ -6,7 +6,9 @@
 
 A browser's ``EventSource`` that loses its connection reconnects with ``Last-Event-ID``, the
 last step it got; the stream goes on after that step, so the page misses nothing and shows
-nothing twice, even when the worker running the turn died and another one resumed it.
+nothing twice, even when the worker running the turn died and another one resumed it. One
+that reconnects after the end (``Last-Event-ID: end``) gets 204 No Content, which tells an
+``EventSource`` to stop reconnecting.
 ``?after_step=N`` does the same by hand.
 
 Run it with ``python -m durable_agent_examples.live_sse --port 8000`` (the settings come
@@ -15,7 +17,6 @@ from ``DURABLE_AGENT_*``, as for the workers).
 
 from __future__ import annotations
 
-import argparse
 import json
 import urllib.parse
 from http import HTTPStatus
@@ -23,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from durable_agent import DurableAgentError, InvalidArgument, Runtime, TurnNotFound, runtime_for
+from durable_agent.usage import OneLineParser, port
 
 
 def make_server(runtime: Runtime, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
@@ -53,6 +55,8 @@ def make_server(runtime: Runtime, host: str = "127.0.0.1", port: int = 0) -> Thr
             turn_id = urllib.parse.unquote(parts[1])
             query = urllib.parse.parse_qs(url.query)
             last = self.headers.get("Last-Event-ID") or (query.get("after_step") or ["-1"])[0]
+            if last.strip() == "end":  # it had the end: 204 tells an EventSource to stop
+                return self._no_more_events(turn_id)
             try:
                 # an unknown turn or a bad step fails here, before the headers
                 events = runtime.stream_turn(turn_id, after_step=int(last))
@@ -81,6 +85,17 @@ def make_server(runtime: Runtime, host: str = "127.0.0.1", port: int = 0) -> Thr
             finally:
                 events.close()
 
+        def _no_more_events(self, turn_id: str) -> None:
+            try:
+                runtime.get_turn(turn_id)
+            except TurnNotFound as error:
+                return self._json(HTTPStatus.NOT_FOUND, {"error": str(error)})
+            except InvalidArgument as error:
+                return self._json(HTTPStatus.BAD_REQUEST, {"error": str(error)})
+            self.send_response(HTTPStatus.NO_CONTENT)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
         def _json(self, status: HTTPStatus, payload: dict[str, Any]) -> None:
             data = json.dumps(payload).encode()
             self.send_response(status)
@@ -93,9 +108,12 @@ def make_server(runtime: Runtime, host: str = "127.0.0.1", port: int = 0) -> Thr
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="server-sent events of durable-agent turns")
+    parser = OneLineParser(
+        prog="python -m durable_agent_examples.live_sse",
+        description="server-sent events of durable-agent turns",
+    )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=port, default=8000)
     args = parser.parse_args()
     server = make_server(runtime_for(), args.host, args.port)
     print(f"listening on http://{args.host}:{server.server_address[1]}", flush=True)

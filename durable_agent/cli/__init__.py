@@ -31,9 +31,10 @@ from ..errors import (
 )
 from ..inputs import check_id, check_message
 from ..operate.spend import GROUPINGS
-from ..redact import printable
+from ..redact import escape_log_lines, printable
 from ..runtime import Runtime
 from ..settings import load_settings
+from ..usage import OneLineParser
 from .arguments import since_on_clock, since_time, whole_number
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_NOT_FOUND = 1, 2, 3, 4
@@ -61,14 +62,8 @@ def cmd_worker(runtime: Runtime, args: argparse.Namespace) -> int:
         served = ",".join(dict.fromkeys(name for group in args.agent for name in group))
         runtime = Runtime(runtime.settings.model_copy(update={"serve_agents": served}))
     runtime.check_worker_start()
-    for agent in runtime.agents:
-        if runtime.agents.serves(agent.name):
-            labels = ", ".join(f"{t.name} ({t.replay})" for t in agent.tools) or "none"
-            print(
-                f"durable-agent worker: agent {agent.name!r} on queue {agent.queue!r}, "
-                f"model {agent.model}, tools: {labels}",
-                file=sys.stderr,
-            )
+    # the queues Celery consumes (ours, or -Q among the Celery arguments) are checked against
+    # the agents served, and named, as the worker starts (delivery.celery_app)
     argv = worker_argv(runtime.queues, args.loglevel, args.celery_args)
     # worker_main() drops the worker's exit code; a worker that stops on an unrecoverable
     # error must exit non-zero, so that a supervisor restarts it.
@@ -259,6 +254,25 @@ def cmd_evals(runtime: Runtime, args: argparse.Namespace) -> int:
 
 
 _HANDED_ON = ("eval", "demo")  # their arguments are parsed by durable_agent.evals.commands
+_TEST_KIT = "model-server"  # handed to python -m durable_agent.testing (no settings needed)
+
+EPILOG = """\
+exit codes: 0 success; 1 the command failed (a failed turn, an unreachable service, a
+refused cancel); 2 a usage or configuration error; 3 wait or watch timed out; 4 no turn
+has that id (wait, watch, journal, cancel, ...); 130 interrupted. worker exits with the
+Celery worker's own code.
+
+the test kit (extra 'testing'): durable-agent model-server --policy email [--port P] runs
+the scripted OpenAI-compatible model server (GET /_stats, POST /_reset, /_fail, /_delay,
+/_hold, /_release); python -m durable_agent.testing inbox | payments run the SMTP test
+inbox and the payments sandbox. The docs' "Testing your agents" page documents them and
+the pytest fixtures."""
+
+
+def cmd_model_server(runtime: Runtime | None, args: argparse.Namespace) -> int:
+    """The test kit's model server; it needs no settings, so main() calls it before any
+    are read (its own arguments are in ``args.test_kit_argv``)."""
+    return run_model_server(getattr(args, "test_kit_argv", [_TEST_KIT]))
 
 
 Command = Callable[[Runtime, argparse.Namespace], int]
@@ -285,9 +299,11 @@ def _names(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="durable-agent",
         description="Crash-safe AI agent turns: a durable step journal in Postgres, run by Celery.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -325,11 +341,21 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--agent", default=None, help="the agent to run it (default: 'default')")
     submit.add_argument("message", help="the user's message")
 
-    wait = add("wait", cmd_wait, "wait for a turn; print its reply (exit 0 only when done)")
+    wait = add(
+        "wait",
+        cmd_wait,
+        "wait for a turn; print its reply (exit 0 done, 1 failed or cancelled, 3 timed out, "
+        "4 no turn has that id)",
+    )
     wait.add_argument("turn_id", help="the turn's id (submit prints it)")
     wait.add_argument("--timeout", type=_seconds, default=60.0, help="seconds (default 60)")
 
-    watch = add("watch", cmd_watch, "print a turn's steps live as they are recorded, then its end")
+    watch = add(
+        "watch",
+        cmd_watch,
+        "print a turn's steps live as they are recorded, then its end (exit 0 done, 1 failed "
+        "or cancelled, 3 timed out, 4 no turn has that id)",
+    )
     watch.add_argument("turn_id", help="the turn's id (submit prints it)")
     watch.add_argument(
         "--after-step",
@@ -377,13 +403,36 @@ def build_parser() -> argparse.ArgumentParser:
     add_operator_commands(add)  # cancel, prune, uncertain, resolve, approvals, approve, deny
     add("eval", cmd_evals, "the evals of the pattern: crash-matrix, heed-note, two-workers, replay")
     add("demo", cmd_evals, "run a turn, kill its worker mid-way, watch another worker finish it")
+    add(
+        _TEST_KIT,
+        cmd_model_server,
+        "the test kit's scripted OpenAI-compatible model server (--policy NAME or "
+        "module:function; --help for its options)",
+    )
     return parser
+
+
+def run_model_server(argv: list[str]) -> int:
+    """``durable-agent model-server ...`` is ``python -m durable_agent.testing model-server``."""
+    try:
+        from ..testing.__main__ import main as test_kit_main
+    except ImportError as error:
+        error_line(
+            f"error: the model server needs the 'testing' extra: "
+            f"pip install 'durable-agent[testing]' ({error})"
+        )
+        return EXIT_USAGE
+    return test_kit_main(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     command_at = next((i for i, arg in enumerate(argv) if not arg.startswith("-")), len(argv))
+    if command_at < len(argv) and argv[command_at] == _TEST_KIT:
+        args = parser.parse_args(argv[: command_at + 1])  # -v and the like, checked
+        args.test_kit_argv = argv[command_at:]
+        return cmd_model_server(None, args)
     if command_at < len(argv) and argv[command_at] in _HANDED_ON:
         args = parser.parse_args(argv[: command_at + 1])
         args.eval_argv = argv[command_at:]
@@ -397,6 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    escape_log_lines(logging.getLogger().handlers)
     runtime: Runtime | None = None
     try:
         runtime = Runtime(load_settings())

@@ -16,10 +16,19 @@ def journal_table(steps: Sequence[Step], title: str = "journal") -> Table:
     table = Table(title=title, title_justify="left")
     for column in ("step", "kind", "name", "replay", "status", "epoch", "outcome"):
         table.add_column(column, overflow="fold")
+    shortened = False
     for s in steps:
-        cells = (str(s.step), s.kind, s.name, s.replay or "-", s.status, str(s.epoch), s.summary())
+        summary = s.summary()
+        shortened = shortened or summary != s.summary(WHOLE)
+        cells = (str(s.step), s.kind, s.name, s.replay or "-", s.status, str(s.epoch), summary)
         table.add_row(*(Text(printable(cell)) for cell in cells))  # never rich markup
+    if shortened:
+        table.caption = "outcomes are one-line summaries: --json prints every step whole"
     return table
+
+
+WHOLE = 10**9
+"""A width no summary reaches: the text as it is."""
 
 
 def turns_table(turns: Sequence[Turn]) -> Table:
@@ -35,11 +44,13 @@ def turns_table(turns: Sequence[Turn]) -> Table:
         "reply / error",
     ):
         table.add_column(column, overflow="fold")
+    shortened = False
     for t in turns:
         text = t.reply if t.status == "done" else (t.error or "")
         if t.agent_changes:
             text = f"{text} [resumed under a changed agent: {t.agent_changes}]"
         text = " ".join((text or "").split())
+        shortened = shortened or len(text) > (200 if t.agent_changes else 80)
         cells = (
             t.turn_id,
             t.session_id,
@@ -51,6 +62,8 @@ def turns_table(turns: Sequence[Turn]) -> Table:
             text[:200] if t.agent_changes else text[:80],
         )
         table.add_row(*(Text(printable(cell)) for cell in cells))
+    if shortened:
+        table.caption = "replies and errors are cut at 80 characters: --json prints them whole"
     return table
 
 

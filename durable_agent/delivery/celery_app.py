@@ -16,8 +16,10 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, signals
+from kombu.utils.url import maybe_sanitize_url
 
-from ..errors import ConfigurationError, DurableAgentError
+from ..errors import ConfigurationError, DurableAgentError, ServiceUnavailable
+from ..redact import escape_log_lines
 from ..settings import Settings
 from .broker import transport_for
 from .celery_tasks import SWEEP
@@ -41,8 +43,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_serializer": "json",
         "accept_content": ["json"],
         "result_serializer": "json",
+        # No task stores its own return value: the delivery that ends a turn stores the end
+        # under the turn id (durable_agent.delivery.results), when a backend is set.
         "task_ignore_result": True,
-        "result_backend": None,
+        "result_backend": settings.result_backend or None,
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
@@ -91,10 +95,60 @@ def _check_before_start(sender: Any = None, **_: Any) -> None:
         return
     try:
         runtime.check_worker_start()
+        consumed = sorted(sender.app.amqp.queues.consume_from)
+        check_consumed_queues(runtime, consumed)
+        check_broker_reachable(sender.app, runtime.settings)
     except DurableAgentError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         # 2: fix the configuration; 1: a service is down, a supervisor's restart may do
         raise SystemExit(2 if isinstance(error, ConfigurationError) else 1) from error
+
+
+BROKER_CHECK_SECONDS = 5.0
+
+
+def check_broker_reachable(app: Celery, settings: Settings) -> None:
+    """ServiceUnavailable unless the broker answers now. Celery itself would retry for ever
+    (``broker_connection_retry_on_startup``); a worker that cannot start exits 1 at once and
+    leaves the retrying to its supervisor. Once started, a lost connection is retried."""
+    try:
+        with app.connection_for_write() as connection:
+            connection.ensure_connection(
+                max_retries=1, interval_start=0.2, interval_step=0.2, timeout=BROKER_CHECK_SECONDS
+            )
+    except Exception as error:  # kombu's OperationalError, redis-py's, OSError
+        raise ServiceUnavailable(
+            f"cannot reach the broker at {maybe_sanitize_url(settings.broker_url)}: {error}"
+        ) from error
+
+
+def check_consumed_queues(runtime: Runtime, consumed: list[str]) -> None:
+    """The queues Celery consumes must belong to the agents this worker serves: a turn taken
+    from any other queue would only be handed back to it, and taken again. Then one line
+    per queue on stderr: what this worker really consumes, and for which agents."""
+    agents = runtime.agents
+    served = [a for a in agents if agents.serves(a.name)]
+    foreign = [q for q in consumed if q not in runtime.queues]
+    if foreign:
+        theirs = sorted({a.name for a in agents if a.queue in foreign})
+        raise ConfigurationError(
+            f"this worker consumes queue(s) {', '.join(foreign)} but serves "
+            f"{', '.join(repr(a.name) for a in served)} (queue(s) "
+            f"{', '.join(runtime.queues)}); a turn from those queues would be handed back to "
+            "them and taken again: "
+            + (f"serve {', '.join(theirs)} (--agent) or " if theirs else "")
+            + f"consume {', '.join(runtime.queues)} (-Q)"
+        )
+    for queue in consumed:
+        for agent in served:
+            if agent.queue == queue:
+                labels = ", ".join(f"{t.name} ({t.replay})" for t in agent.tools) or "none"
+                print(
+                    f"durable-agent worker: consuming queue {queue!r} for agent "
+                    f"{agent.name!r}, model {agent.model}, tools: {labels}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
 
 _sweepers: dict[int, SweeperThread] = {}
@@ -117,6 +171,15 @@ def _stop_sweeper(sender: Any = None, **_: Any) -> None:
         _sweepers.pop(id(runtime)).stop()
 
 
+def _escape_log_lines(logger: logging.Logger | None = None, **_: Any) -> None:
+    """Every line the worker logs is one line, credentials out (see OneLineLogFilter): a
+    reply or a tool's output can neither forge a log line nor leak a configured secret."""
+    if logger is not None:
+        escape_log_lines(logger.handlers)
+
+
+signals.after_setup_logger.connect(_escape_log_lines)
+signals.after_setup_task_logger.connect(_escape_log_lines)
 signals.worker_init.connect(_check_before_start)
 signals.worker_ready.connect(_start_sweeper)
 signals.worker_shutdown.connect(_stop_sweeper)

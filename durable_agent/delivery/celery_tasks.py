@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task
 from celery.result import AsyncResult
+from kombu.exceptions import OperationalError as KombuOperationalError
 
 from ..errors import (
+    ConfigurationError,
     DurableAgentError,
     InvalidArgument,
     ServiceUnavailable,
@@ -66,8 +68,8 @@ class RunTurnTask(TurnTask):
         except ServiceUnavailable as error:  # the sweeper knows the turn: send it anyway
             log.warning("run_turn.delay(%r): cannot check the turn (%s)", turn_id, error)
             return super().apply_async((session_id, turn_id), None, **options)
-        if turn is None:
-            raise TurnNotFound(turn_id, hint=AGENT_TURN_HINT)
+        if turn is None:  # most often a message where the turn id belongs
+            raise InvalidArgument(f"no turn with id {turn_id!r} is recorded; {AGENT_TURN_HINT}")
         from .doorbell import new_message_id
 
         message_id = options.pop("task_id", None) or new_message_id()
@@ -77,19 +79,70 @@ class RunTurnTask(TurnTask):
 
 
 class AgentTurnTask(TurnTask):
-    """``agent_turn``: checks the message in the caller before it is sent."""
+    """``agent_turn``: checks the message in the caller, records the turn, then sends it.
+
+    The turn id is the task id (``AsyncResult.id``), and the turn is in Postgres before the
+    message is on the broker: ``get_turn(r.id)`` and ``wait_for_turn(r.id)`` work at once,
+    an unknown id is never "not recorded yet", and a message the broker could not take is
+    sent later by the sweeper, as for ``start_turn``."""
 
     abstract = True
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> AsyncResult:
+        args, kwargs = list(args or ()), dict(kwargs or {})
         try:
-            _check_agent_turn(list(args or ()), dict(kwargs or {}))
+            _check_agent_turn(args, kwargs)
         except ValueError as error:
             raise InvalidArgument(str(error)) from None
-        check_message(list(args or ())[1], self.runtime.settings.max_message_bytes)
-        _, queue = self.runtime.agent_queue((kwargs or {}).get("agent"))
-        options.setdefault("queue", queue)
-        return super().apply_async(args, kwargs, **options)
+        session_id, message = args
+        runtime = self.runtime
+        check_message(message, runtime.settings.max_message_bytes)
+        turn_id = kwargs.get("turn_id")
+        task_id = options.pop("task_id", None)
+        if turn_id is not None and task_id is not None and task_id != turn_id:
+            raise InvalidArgument(
+                f"agent_turn: the task id is the turn id; got turn_id={turn_id!r} and "
+                f"task_id={task_id!r}"
+            )
+        from .doorbell import new_message_id
+
+        turn_id = check_id("turn_id", turn_id or task_id or new_message_id())
+        name, queue = runtime.agent_queue(kwargs.get("agent"))
+        turn = runtime.journal.create_turn(
+            session_id, message, turn_id=turn_id, queue=queue, agent=name
+        )
+        result = TurnResult(turn_id, app=self.app)
+        if turn.finished:  # the same turn submitted again: nothing to send
+            return result
+        options.setdefault("queue", turn.queue or queue)
+        runtime.journal.mark_sent([turn_id], [turn_id])
+        try:
+            super().apply_async(
+                (session_id, message), {**kwargs, "turn_id": turn_id}, task_id=turn_id, **options
+            )
+        except (KombuOperationalError, OSError) as error:
+            runtime.journal.unmark_sent(turn_id, turn_id)
+            log.warning(
+                "turn %s is recorded; cannot reach the broker (%s); the sweeper will enqueue it",
+                turn_id,
+                error,
+            )
+        return result
+
+
+class TurnResult(AsyncResult):  # type: ignore[misc]
+    """The ``AsyncResult`` of ``agent_turn.delay()``: its id is the turn id. ``get()``
+    reads the end of the turn that whichever worker ended it stored under that id (no task
+    stores its own return value); without ``DURABLE_AGENT_RESULT_BACKEND`` it says to use
+    ``wait_for_turn`` instead of returning None."""
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.app.conf.result_backend:
+            raise ConfigurationError(
+                "no result backend is configured (DURABLE_AGENT_RESULT_BACKEND): use "
+                f"wait_for_turn({self.id!r}) or get_turn(), which read Postgres"
+            )
+        return super().get(*args, **kwargs)
 
 
 AGENT_TURN_HINT = (
@@ -113,14 +166,25 @@ def register_tasks(app: Celery, runtime: Runtime) -> None:
         turn_id: str | None = None,
         agent: str | None = None,
     ) -> str:
-        """Record the turn of ``agent`` (once: the turn id is the message's unless given),
-        then run it."""
-        turn_id = turn_id or "turn_" + str(self.request.id).replace("-", "")
-        name, queue = runtime.agent_queue(agent)
-        turn = runtime.journal.create_turn(
-            session_id, message, turn_id=turn_id, queue=queue, agent=name
-        )
-        return handle_delivery(runtime, turn.turn_id)
+        """Run the turn ``agent_turn.delay()`` recorded; record it first if the message was
+        published without it (``send_task`` by name), under the task id. Every check the
+        caller makes holds here too: a message no caller could have sent is refused."""
+        turn_id = turn_id or str(self.request.id)
+        try:
+            check_message(message, runtime.settings.max_message_bytes)
+            if runtime.journal.find_turn(turn_id) is None:
+                name, queue = runtime.agent_queue(agent)
+                runtime.journal.create_turn(
+                    session_id, message, turn_id=turn_id, queue=queue, agent=name
+                )
+        except InvalidArgument as error:
+            log.warning("agent_turn %s refused: %s", turn_id, error)
+            refusal = InvalidArgument(f"agent_turn {turn_id} refused: {error}")
+            from .results import store_refusal
+
+            store_refusal(runtime, turn_id, refusal)
+            raise refusal from None
+        return handle_delivery(runtime, turn_id)
 
     def sweep(self: Task) -> int:
         """One sweep pass, for those who schedule it with ``celery beat`` instead."""
@@ -129,12 +193,19 @@ def register_tasks(app: Celery, runtime: Runtime) -> None:
     def received(args: list[Any], kwargs: dict[str, Any], message_id: str) -> None:
         """In the worker's main process, as a run_turn message arrives: note who has it, so
         that the sweeper sends the turn again if this worker dies before it claims it."""
+        note_receipt(args[1], message_id)
+
+    def agent_turn_received(args: list[Any], kwargs: dict[str, Any], message_id: str) -> None:
+        """The same for an agent_turn message (its turn id is the message's unless given)."""
+        note_receipt(kwargs.get("turn_id") or message_id, message_id)
+
+    def note_receipt(turn_id: str, message_id: str) -> None:
         try:
-            runtime.journal.record_receipt(args[1], message_id, worker_identity())
+            runtime.journal.record_receipt(turn_id, message_id, worker_identity())
         except ServiceUnavailable as error:
             runtime.outage.report(error)  # the claim will wait for Postgres anyway
         except DurableAgentError as error:
-            log.warning("could not note the receipt of %s: %s", args[1], error)
+            log.warning("could not note the receipt of %s: %s", turn_id, error)
 
     common = {"bind": True, "shared": False, "ignore_result": True, "Strategy": _GUARD}
     app.task(
@@ -151,6 +222,7 @@ def register_tasks(app: Celery, runtime: Runtime) -> None:
         base=AgentTurnTask,
         acks_late=True,
         check_arguments=staticmethod(_check_agent_turn),
+        on_receipt=staticmethod(agent_turn_received),
         runtime=runtime,
         **common,
     )(agent_turn)
@@ -193,6 +265,10 @@ def handle_delivery(runtime: Runtime, turn_id: str) -> str:
         except DurableAgentError as error:
             log.warning("could not enqueue %s (the sweeper will): %s", delivery.follow_up, error)
     log.info("turn %s: %s %s", turn_id, delivery.outcome, delivery.detail[:200])
+    if delivery.outcome in (Outcome.DONE, Outcome.FAILED, Outcome.CANCELLED, Outcome.REFUSED):
+        from .results import store_end
+
+        store_end(runtime, turn_id)  # under the turn id, whichever message this was
     if delivery.outcome == Outcome.FAILED:
         raise TurnFailed(f"turn {turn_id} failed: {delivery.detail}")
     if delivery.outcome == Outcome.DONE:

@@ -186,6 +186,7 @@ class GuardedConsumer(Consumer):  # type: ignore[misc]
         broker_errors = _broker_errors(self)
 
         def on_task_received(message: Any) -> Any:
+            quiet_acks(message)
             try:
                 return handle(message)
             except Exception as error:
@@ -257,6 +258,45 @@ class GuardedConsumer(Consumer):  # type: ignore[misc]
                 content_encoding=message.content_encoding or "binary",
                 retry=False,
             )
+
+
+def quiet_acks(message: Any) -> None:
+    """Make the message's late ack (and reject) one warning line when the broker cannot be
+    reached, instead of kombu's CRITICAL "Couldn't ack" with a traceback.
+
+    A turn that ends while Redis is down acks into a dead connection: a solo worker runs the
+    turn on the consumer's own thread, so nothing has noticed the loss yet, and a prefork
+    worker can get a child's result before its consumer notices. Nothing is lost: the turn's
+    end is in Postgres, and a copy of the message that comes back (restored from kombu's
+    unacked hash, if Redis kept it) is refused by the claim."""
+    if not hasattr(message, "ack") or not hasattr(message, "reject"):
+        return
+
+    def ack_log_error(logger: Any, errors: Any, multiple: bool = False) -> None:
+        try:
+            message.ack(multiple=multiple)
+        except errors as error:
+            _lost("acknowledge", message, error)
+
+    def reject_log_error(logger: Any, errors: Any, requeue: bool = False) -> None:
+        try:
+            message.reject(requeue=requeue)
+        except errors as error:
+            _lost("reject", message, error)
+
+    message.ack_log_error = ack_log_error
+    message.reject_log_error = reject_log_error
+
+
+def _lost(what: str, message: Any, error: BaseException) -> None:
+    log.warning(
+        "could not %s message %s (%s: %s): the broker connection is gone; the turn's state "
+        "is in Postgres, and a copy that comes back is refused by its claim",
+        what,
+        shorten(getattr(message, "delivery_tag", None), 80),
+        type(error).__name__,
+        shorten(str(error), 200),
+    )
 
 
 def _queue_of(message: Any) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 UNKNOWN_AGENT_RETRY_SECONDS = 30.0
+HAND_BACK_SECONDS = 30.0
+"""How long a turn this worker handed back, and received again, waits before it is sent."""
 
 
 class Outcome(StrEnum):
@@ -86,6 +89,8 @@ class TurnWorker:
         self.agents = runtime.agents
         self.model = model if model is not None else runtime.model
         self.faults = faults if faults is not None else Faults.from_env()
+        self._handed_back: dict[str, float] = {}  # turn id -> when this process handed it back
+        self._told_back: set[str] = set()  # turns whose coming back was logged
 
     def handle(self, turn_id: str) -> Delivery:
         self.faults.maybe_crash_before_claim()
@@ -97,18 +102,46 @@ class TurnWorker:
             self.agents.served_specs,
         )
         if isinstance(claim, Refusal):
+            if claim.reason == "elsewhere":
+                return self._hand_back(turn_id, claim.detail)
             log.info("delivery of %s not run: %s", turn_id, claim.detail)
-            delivery = Delivery(turn_id, Outcome.REFUSED, claim.detail)
-            if claim.reason == "elsewhere":  # hand it back to the queue it belongs to
-                turn = self.store.get_turn(turn_id)
-                delivery.follow_up = (turn.session_id, turn.turn_id, turn.queue)
-            return delivery
+            return Delivery(turn_id, Outcome.REFUSED, claim.detail)
         if claim.turn.crashes >= self.settings.max_crashes:
             return self._give_up(claim)
         agent = self.agents.get(claim.turn.agent)
         if agent is None or not self.agents.serves(agent.name):
             return self._not_served(claim)
         return self._run(claim, agent)
+
+    def _hand_back(self, turn_id: str, why: str) -> Delivery:
+        """A turn of a queue this worker does not serve goes back to its own queue. If it
+        comes back here within HAND_BACK_SECONDS (this worker consumes that queue too, which
+        the start check refuses, or workers of mixed settings), it is not sent again at once:
+        it waits that long in Postgres and the sweeper sends it then, to whichever worker of
+        its queue takes it. Said once per turn, not per delivery."""
+        now = time.monotonic()
+        for old in [t for t, at in self._handed_back.items() if now - at > HAND_BACK_SECONDS]:
+            del self._handed_back[old]
+            self._told_back.discard(old)
+        delivery = Delivery(turn_id, Outcome.REFUSED, why)
+        if turn_id not in self._handed_back:
+            log.info("delivery of %s not run: %s; handed back", turn_id, why)
+            self._handed_back[turn_id] = now
+            turn = self.store.get_turn(turn_id)
+            delivery.follow_up = (turn.session_id, turn.turn_id, turn.queue)
+            return delivery
+        self.store.defer_unclaimed(turn_id, HAND_BACK_SECONDS)
+        if turn_id not in self._told_back:
+            self._told_back.add(turn_id)
+            log.warning(
+                "turn %s came back to this worker after it handed it back (%s): it waits "
+                "%.0fs for a worker that serves its queue, then the sweeper sends it again",
+                turn_id,
+                why,
+                HAND_BACK_SECONDS,
+            )
+        delivery.detail = f"{why}; handed back before, waits {HAND_BACK_SECONDS:.0f}s"
+        return delivery
 
     def _not_served(self, claim: Claim) -> Delivery:
         """A turn of an agent this worker does not define (or serve): given back, to be
@@ -180,6 +213,12 @@ class TurnWorker:
                 if ended is None:
                     raise self.store.lost(turn.turn_id, claim.epoch, "the reply")
                 delivery.detail, delivery.follow_up = reply, ended.next_turn
+                if ended.status == "cancelled":  # asked before the end committed
+                    log.warning(
+                        "turn %s cancelled at its end; the reply stays in the journal", turn.turn_id
+                    )
+                    delivery.outcome = Outcome.CANCELLED
+                    delivery.detail = f"cancelled at the end of the turn (reply: {reply[:200]})"
             except TurnCancelled as error:  # control.py
                 _flush_quietly(journal)  # a call that ran before the cancel keeps its outcome
                 ended = end_cancelled(self.runtime, turn.turn_id, claim.epoch)

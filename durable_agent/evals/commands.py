@@ -12,10 +12,12 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..cli.arguments import whole_number
 from ..cli.console import err, out
 from ..errors import DurableAgentError
 from ..journal.db import describe_url
 from ..settings import Settings
+from ..usage import OneLineParser, seconds
 from .crash_matrix import MatrixReport, run_scenario, why
 from .stack import EvalStack
 
@@ -57,6 +59,7 @@ def _progress() -> Progress:
         TimeElapsedColumn(),
         console=err,
         transient=True,
+        disable=not err.is_terminal,  # piped: no progress frames around the output
     )
 
 
@@ -117,7 +120,7 @@ def matrix_table(report: MatrixReport) -> Table:
         "recovery\ns",
         "result",
     ):
-        table.add_column(column, no_wrap=True)
+        table.add_column(column, overflow="fold")  # nothing cut, even in narrow COLUMNS
     for p in report.points:
         repeated = str(p.repeated_finished) if report.scripted else "-"
         if p.repeated_interrupted:
@@ -278,7 +281,7 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """``durable-agent eval ...`` and ``durable-agent demo``."""
-    parser = argparse.ArgumentParser(prog="durable-agent")
+    parser = OneLineParser(prog="durable-agent")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     evals = commands.add_parser("eval", help="the evals of the pattern (crash matrix, ...)")
     kinds = evals.add_subparsers(dest="eval", required=True, metavar="EVAL")
@@ -332,10 +335,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="crash only there (repeatable), e.g. 3:after_run or send_email:after_run",
     )
     matrix.add_argument(
-        "--lease-seconds", type=float, default=2.0, help="the workers' lease (default 2)"
+        "--lease-seconds",
+        type=seconds(0.5, 3600),
+        default=2.0,
+        help="the workers' lease (default 2)",
     )
     matrix.add_argument(
-        "--sweep-interval", type=float, default=0.5, help="seconds between sweeps (default 0.5)"
+        "--sweep-interval",
+        type=seconds(0.01, 3600),
+        default=0.5,
+        help="seconds between sweeps (default 0.5)",
     )
     matrix.add_argument("--data-dir", help="where embedded servers keep data (if needed)")
 
@@ -351,7 +360,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     two.set_defaults(func=cmd_two_workers)
     two.add_argument(
-        "--lease-seconds", type=float, default=5.0, help="the workers' lease (default 5)"
+        "--lease-seconds",
+        type=seconds(0.5, 3600),
+        default=5.0,
+        help="the workers' lease (default 5)",
     )
     two.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     two.add_argument("--data-dir", help="where embedded servers keep data (if needed)")
@@ -367,7 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the workers' Celery pool (prefork: a crash kills the pool child)",
     )
     heed.set_defaults(func=cmd_heed_note)
-    heed.add_argument("--runs", type=int, default=20, help="how many turns to interrupt")
+    heed.add_argument(
+        "--runs", type=whole_number(1, 10_000), default=20, help="how many turns to interrupt"
+    )
     heed.add_argument(
         "--policy",
         default="refund",

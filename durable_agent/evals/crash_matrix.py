@@ -21,10 +21,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigurationError, TurnFailed
 from ..journal import Step
 from ..settings import Settings
 from ..step.faults import POINTS
 from ..testing.scenario import Scenario
+from .preflight import check_before_running, check_points_reached
 from .stack import EvalStack, crash_and_recover
 
 
@@ -143,6 +145,7 @@ def run_scenario(
     """The whole crash matrix of a scenario: its stack (Postgres, Redis, its model, fresh
     queue), its services, the clean run and every crash point."""
     labels = relabel or {}
+    check_before_running(settings, scenario, relabel=labels, only=only)
     policy = scenario.resolved_policy()
     stack = EvalStack(
         settings,
@@ -187,8 +190,9 @@ def run_crash_matrix(
     clean = runtime.wait_for_turn(clean_id, timeout)
     worker.stop()
     if clean.status != "done":
-        raise RuntimeError(f"the clean turn failed: {clean.error}")
+        raise TurnFailed(f"the clean turn of scenario {scenario.name!r} failed: {clean.error}")
     steps = store.load_journal(clean_id)
+    check_points_reached(steps, only)
     report = MatrixReport(
         scenario=scenario.name,
         agent=clean.agent,
@@ -210,7 +214,7 @@ def run_crash_matrix(
         if only is None or any(target in (s.step, s.name) and p == at for target, at in only)
     ]
     if not chosen:
-        raise ValueError(f"no step of the clean turn matches {only}")
+        raise ConfigurationError(f"no step of the clean turn matches {only}")
     total = len(chosen)
     for index, (step, point) in enumerate(chosen):
         progress(f"step {step.step} {point}", index, total)

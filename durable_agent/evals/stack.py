@@ -151,7 +151,7 @@ class EvalStack:
             self.model = ScriptedModelServer(policy)
             self._stack.enter_context(self.model)
             update["openai_base_url"] = self.model.base_url
-            update["openai_api_key"] = "scripted"
+            update["openai_api_key"] = "unused"  # too short to be redacted as a secret
             update["model"] = "scripted-model"
         self.settings = self.base.model_copy(update=update)
         self.runtime = Runtime(self.settings)
@@ -209,7 +209,12 @@ class EvalStack:
         self.workers.append(worker)
         worker.start()
         if wait:
-            worker.wait_ready(timeout=60)
+            try:
+                worker.wait_ready(timeout=60)
+            except RuntimeError:  # it exited: its own one-line reason, not its log
+                said = [line for line in worker.log_text().splitlines() if "error:" in line]
+                reason = said[-1].partition("error:")[2].strip() if said else worker.log_tail(1)
+                raise ConfigurationError(f"worker {name} did not start: {reason}") from None
         return worker
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ it cannot encode become strings, a circular reference becomes a marker.
 
 from __future__ import annotations
 
+import decimal
 import hashlib
 import json
 import math
@@ -16,6 +17,10 @@ from typing import Any
 
 REPLACEMENT = "\ufffd"
 MAX_DEPTH = 200
+MAX_INT_DIGITS = 4000
+"""Longer integers are recorded as text: Python will not write an integer of more than
+4,300 digits as JSON (``sys.get_int_max_str_digits``), nor read one back."""
+_MAX_INT_BITS = int(MAX_INT_DIGITS * math.log2(10))
 
 
 def dumps(value: Any) -> str:
@@ -96,8 +101,10 @@ def storable(value: Any) -> tuple[Any, list[str]]:
 
 
 def _storable(value: Any, problems: list[str], seen: set[int], depth: int) -> Any:
-    if value is None or isinstance(value, bool | int):
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, int):
+        return value if abs(value).bit_length() <= _MAX_INT_BITS else _long_int(value, problems)
     if isinstance(value, float):
         if math.isfinite(value):
             return value
@@ -138,6 +145,19 @@ def _storable(value: Any, problems: list[str], seen: set[int], depth: int) -> An
     cleaned, found = clean_text(text)
     problems.extend(found)
     return cleaned
+
+
+def _long_int(value: int, problems: list[str]) -> str:
+    """An integer too long for JSON, as text: its digits up to 100,000 of them (the decimal
+    module converts without Python's limit on int-to-text conversion), else its magnitude."""
+    number = decimal.Decimal(value)
+    digits = number.adjusted() + 1
+    problems.append(f"an integer of {digits} digits recorded as a string")
+    if digits <= 100_000:
+        with decimal.localcontext() as context:
+            context.prec = digits + 1
+            return f"{number:f}"
+    return f"{number:.20e}"
 
 
 def _key(key: Any, problems: list[str]) -> str:

@@ -70,7 +70,32 @@ def conninfo_for(url: str) -> str:
     for port in str(params.get("port") or "5432").split(","):
         if not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigurationError(f"bad database URL {shown}: port {port!r} is not a port")
+    for name, allowed in _CHOICES.items():
+        value = params.get(name)
+        if value is not None and str(value) not in allowed:
+            # libpq would refuse it only when it connects, where it reads as an outage
+            raise ConfigurationError(
+                f"bad database URL {shown}: {name}={value!r} is not one of {', '.join(allowed)}"
+            )
     return conninfo
+
+
+_CHOICES = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "target_session_attrs": (
+        "any",
+        "read-write",
+        "read-only",
+        "primary",
+        "standby",
+        "prefer-standby",
+    ),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "load_balance_hosts": ("disable", "random"),
+    "sslnegotiation": ("postgres", "direct"),
+}
+"""The libpq parameters that take one of a few words: a bad one is a configuration error."""
 
 
 class _Connected:

@@ -156,13 +156,13 @@ class Leases:
             return None
         # flushed: the trigger stayed silent, so the step written with the end is told too
         steps = [f"step {held.step} {turn_id}"] if held is not None else []
-        announce(self.db, *steps, f"turn {status} {turn_id}")
+        announce(self.db, *steps, f"turn {row['status']} {turn_id}")
         following = (
             (row["session_id"], row["next_turn_id"], row["next_queue"])
             if row["next_turn_id"]
             else None
         )
-        return Ended(row["session_id"], row["seq"], following)
+        return Ended(row["session_id"], row["seq"], following, row["status"])
 
     def release(self, turn_id: str, epoch: int, delay_seconds: float, error: str | None) -> bool:
         """Give the turn back (queued, journal kept) to be claimed again after a delay."""

@@ -230,6 +230,7 @@ class Ended(NamedTuple):
     session_id: str
     seq: int
     next_turn: tuple[str, str, str] | None = None
+    status: str = ""  # as it ended: a turn ending done that was cancelled ends "cancelled"
 
 
 RefusalReason = Literal["finished", "leased", "deferred", "waiting", "elsewhere", "parked"]

@@ -136,6 +136,11 @@ class JournalStore(Listings):
         """The publish of this message failed."""
         self.db.run("unmark_sent", turn_id=turn_id, message_id=message_id)
 
+    def defer_unclaimed(self, turn_id: str, delay_seconds: float) -> bool:
+        """Keep a turn no live claim holds from being sent for ``delay_seconds`` (the sweeper
+        sends it then); False if a worker holds it or it ended."""
+        return bool(self.db.run("defer_unclaimed", turn_id=turn_id, delay=delay_seconds))
+
     def record_receipt(self, turn_id: str, message_id: str, receiver: str) -> None:
         """A worker received this message of the turn (committed without a WAL wait)."""
         self.db.run("record_receipt", turn_id=turn_id, message_id=message_id, receiver=receiver)

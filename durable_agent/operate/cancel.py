@@ -5,8 +5,11 @@ worker holds (queued, parked for an approval, or whose claim ran out) ends ``can
 once. A turn a worker is running stops at its next step boundary: the journal refuses every
 new step of a cancelled turn (``insert_step``), the worker sees why and ends the turn as
 cancelled, fenced by its epoch. A call already running, above all a ``never`` tool, runs to
-its end and its outcome is recorded: a cancel never cuts a call in half. The session goes
-on: its next turn is sent.
+its end and its outcome is recorded: a cancel never cuts a call in half. The end of the
+turn is a step boundary too: a cancel recorded before the end commits ends the turn
+``cancelled`` (its reply stays in the journal); one that comes after says it came too late.
+Cancelling a turn already cancelled changes nothing and succeeds (it says who cancelled
+it). The session goes on: its next turn is sent.
 """
 
 from __future__ import annotations
@@ -79,10 +82,15 @@ class CancelResult:
 
     def describe(self) -> str:
         turn = self.turn
+        if self.cancelled and not self.requested:
+            return f"turn {turn.turn_id} was already {turn.error}; nothing changed"
         if self.cancelled:
             return f"turn {turn.turn_id} cancelled ({turn.error})"
         if self.cancellation is None:
-            return f"turn {turn.turn_id} is already {turn.status}: nothing to cancel"
+            return (
+                f"turn {turn.turn_id} already ended {turn.status}: the cancel came too late, "
+                "nothing changed"
+            )
         if turn.finished:
             return (
                 f"turn {turn.turn_id} ended {turn.status} before it reached a step boundary; "
@@ -120,6 +128,9 @@ def cancel(
         log.info("turn %s cancelled by %s", turn_id, who)
         announce(runtime.database, f"turn cancelled {turn_id}")  # wakes wait and watch
         send_next(runtime, ended)
+        from ..delivery.results import store_end
+
+        store_end(runtime, turn_id)  # for agent_turn.delay(...).get()
     return CancelResult(runtime.get_turn(turn_id), requested, store.find_cancellation(turn_id))
 
 

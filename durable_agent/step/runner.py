@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -17,7 +18,7 @@ from typing import Any, Protocol
 import pydantic
 
 from ..errors import ReplayDiverged, StepLimitReached
-from ..journal.codec import ListDigest, digest, dumps, jsonb_order, storable
+from ..journal.codec import MAX_DEPTH, ListDigest, digest, dumps, jsonb_order, storable
 from ..journal.protocol import TurnJournal
 from ..journal.records import Replay, Step
 from ..redact import redact
@@ -204,7 +205,11 @@ class StepRunner:
                 )
                 return {"content": text, "error": True, "uncertain": True}
             return {"content": text, "error": True}
-        text, problems = _as_text(value)
+        try:
+            text, problems = _as_text(value)
+        except Exception as error:  # it ran: what it returned must not leave it at intent
+            text = f"{t.name} returned a {type(value).__name__} that could not be recorded"
+            problems = [f"the result could not be recorded ({type(error).__name__})"]
         return {"content": text, "sanitized": problems} if problems else {"content": text}
 
     def _record_refusal(
@@ -290,8 +295,20 @@ def _parse_arguments(
         parsed = json.loads(raw) if isinstance(raw, str) and raw.strip() else (raw or {})
     except json.JSONDecodeError as error:
         return None, f"Error: the arguments for {name} are not valid JSON ({error.msg}). Try again."
+    except ValueError:  # an integer longer than Python reads (4,300 digits)
+        return None, (
+            f"Error: the arguments for {name} hold a number too long to read "
+            f"(more than {sys.get_int_max_str_digits()} digits). Try again."
+        )
+    except RecursionError:
+        return None, f"Error: the arguments for {name} are nested too deeply. Try again."
     if not isinstance(parsed, dict):
         return None, f"Error: the arguments for {name} must be a JSON object. Try again."
+    if _depth_over(parsed, MAX_DEPTH):
+        return None, (
+            f"Error: the arguments for {name} are nested more than {MAX_DEPTH} levels deep. "
+            "Try again."
+        )
     try:
         recorded, _ = storable(t.recorded_arguments(parsed))
     except pydantic.ValidationError as error:
@@ -301,6 +318,21 @@ def _parse_arguments(
         )
         return None, f"Error: invalid arguments for {name}: {problems}. Try again."
     return recorded, None
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists and objects more than ``limit`` levels (no recursion)."""
+    level: list[Any] = [value]
+    for _ in range(limit + 1):
+        level = [
+            child
+            for item in level
+            if isinstance(item, dict | list)
+            for child in (item.values() if isinstance(item, dict) else item)
+        ]
+        if not level:
+            return False
+    return True
 
 
 def _uncertain_result(name: str, intent: dict[str, Any]) -> dict[str, Any]:

@@ -37,9 +37,10 @@ from typing import IO, Any, Self
 
 from durable_agent.testing.http import LOOPBACK
 from durable_agent.testing.inbox import SmtpInbox
-from durable_agent.testing.model_server import Policy, ScriptedModelServer
+from durable_agent.testing.model_server import Policy, ScriptedModelServer, policy_problem
 from durable_agent.testing.payments import DEFAULT_ORDERS, PaymentsSandbox
 from durable_agent.testing.policies import POLICIES
+from durable_agent.usage import OneLineParser, port
 
 __all__ = ["ServerProcess", "build_parser", "main"]
 
@@ -66,14 +67,15 @@ def _policy(text: str) -> tuple[str, Policy]:
         found = load_object(text, "policy")
     except ConfigurationError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-    if not callable(found):
-        raise argparse.ArgumentTypeError(f"policy {text!r} is not a function")
+    problem = policy_problem(found)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"policy {text!r} is not a policy: {problem}")
     return text, found
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m durable_agent.testing", description="Run a loopback test server."
     )
     kinds = parser.add_subparsers(dest="kind", required=True)
@@ -86,17 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"{', '.join(sorted(POLICIES))}, or module:function of your own",
     )
     model.add_argument("--host", default=LOOPBACK, help="address to listen on (127.0.0.1)")
-    model.add_argument("--port", type=int, default=0)
+    model.add_argument("--port", type=port, default=0)
     model.add_argument("--model", default="scripted-model", help="model name to report")
 
     inbox = kinds.add_parser("inbox", help="SMTP inbox with a JSON API")
     inbox.add_argument("--host", default=LOOPBACK, help="address to listen on (127.0.0.1)")
-    inbox.add_argument("--smtp-port", type=int, default=0)
-    inbox.add_argument("--api-port", type=int, default=0)
+    inbox.add_argument("--smtp-port", type=port, default=0)
+    inbox.add_argument("--api-port", type=port, default=0)
 
     payments = kinds.add_parser("payments", help="payments sandbox")
     payments.add_argument("--host", default=LOOPBACK, help="address to listen on (127.0.0.1)")
-    payments.add_argument("--port", type=int, default=0)
+    payments.add_argument("--port", type=port, default=0)
     payments.add_argument(
         "--order",
         type=_order,
@@ -141,7 +143,18 @@ def main(argv: list[str] | None = None) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with ExitStack() as stack:
-            info = _start(args, stack)
+            try:
+                info = _start(args, stack)
+            except OSError as error:  # the port is taken, the address is not this machine's
+                ports = [getattr(args, a, 0) for a in ("port", "smtp_port", "api_port")]
+                where = "/".join(str(p) for p in ports if p) or "a free port"
+                print(
+                    f"error: the {args.kind} cannot listen on {args.host} port {where}: "
+                    f"{error.strerror or error}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return 1
             print(json.dumps(info), flush=True)
             stop.wait()
     finally:

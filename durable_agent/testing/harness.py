@@ -59,7 +59,9 @@ def forget_queue(client: redis.Redis, queue: str) -> None:
     left there, it would be restored to a queue nobody reads an hour later.
     """
     client.delete(queue, *(f"{queue}\x06\x16{priority}" for priority in range(10)))
-    bindings = list(client.scan_iter(match=f"_kombu.binding.*{queue}*"))
+    # kombu's bindings of the queue's exchange: _kombu.binding.<queue> and, for the
+    # exchanges a worker declared, _kombu.binding_permanent.<queue>
+    bindings = list(client.scan_iter(match=f"_kombu.binding*.*{queue}*"))
     if bindings:
         client.delete(*bindings)
     stale = [

@@ -13,6 +13,7 @@ The HTTP plumbing it is built on (`LoopbackHttpService`, `RequestGate`) lives in
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import threading
 from collections import deque
@@ -28,6 +29,7 @@ __all__ = [
     "call_tool",
     "call_tools",
     "canonical_request",
+    "policy_problem",
     "reply",
     "request_digest",
     "tool_call",
@@ -36,6 +38,37 @@ __all__ = [
 JsonDict = dict[str, Any]
 Policy = Callable[[JsonDict], JsonDict]
 """A policy maps a Chat Completions request body to the assistant message to answer with."""
+
+
+PROBE: JsonDict = {
+    "model": "scripted-model",
+    "messages": [{"role": "user", "content": "Hello."}],
+}
+"""The request a policy is tried with before a server starts on it."""
+
+
+def policy_problem(policy: object) -> str | None:
+    """Why ``policy`` cannot be a policy, or None: it must be callable with the request
+    body, and what it returns for a first user message must be an assistant message. A
+    policy that raises on that probe is given the benefit of the doubt (it may answer only
+    its own conversations)."""
+    if not callable(policy):
+        return f"it is a {type(policy).__name__}, not a function"
+    try:
+        inspect.signature(policy).bind(dict(PROBE))
+    except TypeError:
+        return "it cannot be called with one argument, the request body (policy(body) -> dict)"
+    except ValueError:
+        pass  # no signature to read (a builtin): the probe decides
+    try:
+        answer = policy(json.loads(json.dumps(PROBE)))
+    except Exception:
+        return None
+    try:
+        _normalise_message(answer, len(PROBE["messages"]))
+    except (TypeError, ValueError, AttributeError) as error:
+        return f"its answer to a user message is not an assistant message ({error})"
+    return None
 
 
 # --------------------------------------------------------------------------------------
@@ -361,7 +394,7 @@ def _malformed(kind: str, body: JsonDict, digest: str) -> HttpResponse:
 _CONTROL_PATHS = frozenset({"/_reset", "/_fail", "/_hold", "/_release", "/_delay"})
 
 
-def _normalise_message(answer: JsonDict, n_messages: int) -> JsonDict:
+def _normalise_message(answer: Any, n_messages: int) -> JsonDict:
     """Validate a policy's answer and fill in deterministic tool call ids."""
     if not isinstance(answer, dict):
         raise TypeError(f"policy must return a dict, got {type(answer).__name__}")

@@ -30,6 +30,7 @@ run, so each run gets fresh servers).
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigurationError
-from .model_server import Policy
+from .model_server import Policy, policy_problem
 
 __all__ = ["Scenario", "load_object", "load_scenario"]
 
@@ -108,8 +109,9 @@ class Scenario:
         if self.policy in POLICIES:
             return POLICIES[self.policy]
         found = load_object(self.policy, "policy")
-        if not callable(found):
-            raise ConfigurationError(f"policy {self.policy!r} is not a function")
+        problem = policy_problem(found)
+        if problem is not None:
+            raise ConfigurationError(f"scenario {self.name!r}: policy {self.policy!r}: {problem}")
         policy: Policy = found
         return policy
 
@@ -143,6 +145,15 @@ def load_scenario(spec: str | Scenario | Callable[[], Scenario]) -> Scenario:
     """A Scenario from ``module:name`` (a Scenario, or a function returning one)."""
     value = load_object(spec, "scenario") if isinstance(spec, str) else spec
     if not isinstance(value, Scenario) and callable(value):
+        try:
+            inspect.signature(value).bind()
+        except TypeError:
+            raise ConfigurationError(
+                f"scenario {spec!r} is a function that needs arguments; a scenario function "
+                "takes none and returns a durable_agent.testing.Scenario"
+            ) from None
+        except ValueError:
+            pass  # no signature to read: call it and see
         value = value()
     if not isinstance(value, Scenario):
         raise ConfigurationError(

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis
 
-from durable_agent import TurnNotFound, start_turn
+from durable_agent import InvalidArgument, start_turn
 from durable_agent.delivery.celery_tasks import AGENT_TURN, RUN_TURN
 from durable_agent.runtime import Runtime, runtime_for
 from durable_agent.settings import Settings
@@ -24,10 +24,15 @@ if TYPE_CHECKING:
     from conftest import Spawn, Stack
 
 
-def _celery_worker(env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def _celery_worker(
+    env: dict[str, str], timeout: float = 60, *extra: str
+) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("DURABLE_AGENT_", "OPENAI"))}
     return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "durable_agent.tasks", "worker", "--pool", "solo"],
+        [
+            *(sys.executable, "-m", "celery", "-A", "durable_agent.tasks", "worker"),
+            *("--pool", "solo", *extra),
+        ],
         env={**clean, **env},
         capture_output=True,
         text=True,
@@ -43,6 +48,8 @@ def _celery_worker(env: dict[str, str], timeout: float = 60) -> subprocess.Compl
         ("tools module without tools", 2, "define no @tool"),
         ("database not migrated", 2, "run `durable-agent migrate`"),
         ("Postgres unreachable", 1, "cannot reach Postgres"),
+        ("Redis unreachable", 1, "cannot reach the broker at redis://127.0.0.1:1/0"),
+        ("a queue of no agent it serves", 2, "consumes queue(s) nobody-serves-this"),
         ("a bad setting", 2, "bad setting DURABLE_AGENT_LEASE_SECONDS"),
     ],
 )
@@ -60,10 +67,13 @@ def test_celery_worker_does_every_start_check(
             "Postgres unreachable": {
                 "DURABLE_AGENT_DATABASE_URL": "postgresql://root@127.0.0.1:1/nowhere"
             },
+            "Redis unreachable": {"DURABLE_AGENT_BROKER_URL": "redis://127.0.0.1:1/0"},
+            "a queue of no agent it serves": {},
             "a bad setting": {"DURABLE_AGENT_LEASE_SECONDS": "-3"},
         }[case]
     )
-    result = _celery_worker(env)
+    queues = ["-Q", "nobody-serves-this"] if case == "a queue of no agent it serves" else []
+    result = _celery_worker(env, 30, *queues)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == code, result.stderr
     assert "Traceback" not in result.stderr + result.stdout, result.stderr
@@ -77,21 +87,21 @@ def test_run_turn_delay_with_a_message_fails_in_the_caller(
     """`run_turn.delay("session-1", "Book a table")` (a message where the turn id belongs)
     raises in the application, saying what to call instead; nothing is sent."""
     run_turn = runtime_for(settings).celery.tasks[RUN_TURN]
-    with pytest.raises(TurnNotFound, match=r"agent_turn\.delay\(session_id, message\)"):
+    with pytest.raises(InvalidArgument, match=r"agent_turn\.delay\(session_id, message\)"):
         run_turn.delay("session-1", "Book a table")
     assert redis_client.llen(settings.queue) == 0
 
 
 def test_agent_turn_delay_records_the_turn_once_and_runs_it(stack: Stack, spawn: Spawn) -> None:
     """The application's natural call: agent_turn.delay(session_id, message). The turn is
-    recorded on its first delivery (its id is the message's), a duplicate of the message
+    recorded before the message is sent (its id is the task id), a duplicate of the message
     changes nothing, and the turn runs once."""
     agent_turn = runtime_for(stack.settings).celery.tasks[AGENT_TURN]
     message_id = str(uuid.uuid4())
     spawn()
-    agent_turn.apply_async(("s-delay", stack.message), task_id=message_id)
-    turn_id = "turn_" + message_id.replace("-", "")
-    wait_until(lambda: stack.store.find_turn(turn_id), 20, "the turn to be recorded")
+    result = agent_turn.apply_async(("s-delay", stack.message), task_id=message_id)
+    turn_id = result.id
+    assert turn_id == message_id and stack.store.find_turn(turn_id) is not None
     agent_turn.apply_async(("s-delay", stack.message), task_id=message_id)  # a duplicate
 
     turn = stack.wait_turn(turn_id, 30)
@@ -161,3 +171,39 @@ def test_task_states_mean_something_in_flower(
     assert "TurnFailed" in failed["exception"] and "limit of 1 steps" in failed["exception"]
     succeeded = outcome("task-succeeded")[0]
     assert "refused" in succeeded["result"] and "already failed" in succeeded["result"]
+
+
+def test_durable_agent_worker_refuses_queues_of_agents_it_does_not_serve(
+    settings: Settings,
+) -> None:
+    """`durable-agent worker --agent default -Q <another queue>` would take turns it must
+    hand back to the queue it takes them from: it does not start (one line, exit 2)."""
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("DURABLE_AGENT_")},
+        **settings_env(settings),
+        "DURABLE_AGENT_TOOLS": "durable_agent_examples.email_tools",
+    }
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "durable_agent", "worker", "--agent", "default"),
+            *("--pool", "solo", "-Q", f"{settings.queue}-billing"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr
+    assert lines[-1].startswith("error: this worker consumes queue(s) " + settings.queue)
+    assert f"consume {settings.queue} (-Q)" in lines[-1], lines[-1]
+
+
+def test_the_start_line_names_the_queue_celery_consumes(stack: Stack, spawn: Spawn) -> None:
+    """The line a worker prints as it starts names the queue Celery really consumes, and the
+    agent it serves there."""
+    worker = spawn()
+    expected = f"durable-agent worker: consuming queue {stack.settings.queue!r} for agent 'default'"
+    assert expected in worker.log_text(), worker.log_tail()

@@ -219,3 +219,23 @@ def test_a_killed_eval_leaves_no_worker_behind(settings: Settings) -> None:
         evaluation.wait(10)
         for pid in _workers_started_by(evaluation.pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_an_eval_leaves_no_kombu_keys_of_its_queue_in_redis(
+    settings: Settings, tmp_path: Path, redis_client: object
+) -> None:
+    """A worker declares its queue's exchange, which kombu records in Redis as
+    ``_kombu.binding.<queue>`` and ``_kombu.binding_permanent.<queue>``; when the eval's
+    stack closes, no key naming its queue is left (each eval has a queue of its own)."""
+    import redis
+
+    from durable_agent.evals.stack import EvalStack
+
+    assert isinstance(redis_client, redis.Redis)
+    stack = EvalStack(settings, work_dir=tmp_path, services_from_settings=True)
+    with stack:
+        queue = stack.settings.queue
+        stack.start_worker("bindings").stop()
+        assert redis_client.exists(f"_kombu.binding_permanent.{queue}")  # what it cleans
+    left = [key for key in redis_client.scan_iter(match=f"*{queue}*")]
+    assert left == [], left

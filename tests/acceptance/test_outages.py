@@ -4,10 +4,12 @@ its own throwaway Redis or Postgres, never the shared ones."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import TYPE_CHECKING
 
 import pytest
+import redis
 
 from durable_agent import start_turn
 from durable_agent.testing.harness import wait_until
@@ -168,6 +170,48 @@ def test_a_postgres_crash_that_loses_the_last_writes_runs_them_again(
         print(f"attempt {attempt}: the intent reached the disk before the kill; again")
     else:
         raise AssertionError(f"three crashes lost no step: {worker.log_text()}")
+
+
+def test_a_turn_that_ends_while_redis_is_down_costs_one_line_not_a_traceback(
+    stack: Stack, spawn: Spawn, own_redis: EmbeddedServices
+) -> None:
+    """A turn ends while Redis is down: its late ack cannot reach Redis. A solo worker runs
+    the turn on its consumer's thread, so nothing noticed the loss before the ack (a prefork
+    worker can get there too, with a child's result), and Celery logged CRITICAL "Couldn't
+    ack" with a traceback. The turn is done in Postgres and a copy of the message that comes
+    back is refused by the claim: one warning line."""
+    url = own_redis.broker_url
+    settings = stack.settings.model_copy(update={"broker_url": url})
+    worker = spawn(settings=settings)
+    stack.model.hold()
+    turn_id = start_turn(f"s-{uuid.uuid4().hex[:6]}", stack.message, settings=settings)
+    stack.model.wait_for_waiting(1, timeout=30)
+
+    restart = threading.Thread(target=lambda: own_redis.restart_redis(downtime=4.0))
+    restart.start()
+    try:  # the turn goes on, and ends, while Redis is down
+        wait_until(lambda: not _answers(url), 10, "Redis to be down")
+        stack.model.release()
+        turn = stack.wait_turn(turn_id, 60)
+        wait_until(lambda: "ack" in worker.log_text().split("succeeded in")[-1], 20, "the ack")
+    finally:
+        restart.join(timeout=30)
+
+    log = worker.log_text()
+    assert turn.status == "done" and turn.reply == stack.clean_reply, stack.report(turn_id)
+    assert "Couldn't ack" not in log and "Traceback" not in log, log
+    assert len([line for line in log.splitlines() if "could not acknowledge" in line]) == 1, log
+    assert worker.alive(), log
+
+
+def _answers(url: str) -> bool:
+    client = redis.Redis.from_url(url, socket_connect_timeout=0.5)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
 
 
 @pytest.mark.parametrize("pool", ["solo", "prefork"])

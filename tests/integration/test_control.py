@@ -28,7 +28,8 @@ from durable_agent import (
 )
 from durable_agent.delivery.turn_worker import TurnWorker
 from durable_agent.errors import InvalidArgument, TurnNotFound
-from durable_agent.journal import JournalStore
+from durable_agent.journal import JournalStore, Refusal
+from durable_agent.operate.cancel import CancelResult
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
 from durable_agent.step.faults import CrashPoint
@@ -145,6 +146,92 @@ def test_cancel_inside_a_never_call_lets_it_finish_then_stops_and_the_session_go
     assert MESSAGE not in [m.get("content") for m in history]  # a cancelled turn is no history
 
 
+def test_cancel_during_the_last_model_call_ends_the_turn_cancelled(
+    make_worker: Callable[..., TurnWorker],
+    op_settings: Settings,
+    store: JournalStore,
+    inbox: SmtpInbox,
+    model_server: ScriptedModelServer,
+) -> None:
+    """The cancel arrives while the model call that gives the reply runs: the cancel says the
+    turn stops at its next step boundary, and it does: the end of the turn is one. The turn
+    ends cancelled, never done; the reply the model gave is kept in the journal."""
+    turn = store.create_turn("s-late-cancel", MESSAGE)
+    policy = model_server.policy
+    answers: list[Any] = []
+
+    def cancel_during_the_reply(body: dict[str, Any]) -> dict[str, Any]:
+        answer = policy(body)
+        if not answer.get("tool_calls"):  # the last call: it gives the reply
+            answers.append(cancel_turn(turn.turn_id, "too slow", by="ops", settings=op_settings))
+        return answer
+
+    model_server.policy = cancel_during_the_reply
+
+    delivery = make_worker().handle(turn.turn_id)
+
+    said = answers[0]
+    assert said.requested and not said.turn.finished, said
+    assert "stops at its next step boundary" in said.describe()
+    ended = store.get_turn(turn.turn_id)
+    assert delivery.outcome == "cancelled", delivery
+    assert (ended.status, ended.error, ended.reply) == (
+        "cancelled",
+        "cancelled by ops: too slow",
+        None,
+    )
+    last = store.load_journal(turn.turn_id)[-1]
+    assert (last.kind, last.status) == ("model", "done")
+    assert REPLY in json.dumps(last.output)  # the reply stays in the journal, for the record
+    assert inbox.count == 1
+
+
+def test_cancel_racing_the_end_of_a_turn_never_says_it_stops_when_the_turn_ends_done(
+    op_settings: Settings, store: JournalStore, runtime: Runtime
+) -> None:
+    """A cancel and the end of the turn at the same moment, many times: either the cancel is
+    recorded and the turn ends cancelled, or the cancel finds the turn ended and says it
+    came too late. Never "it stops at its next step boundary" and then done."""
+    outcomes: dict[str, int] = {}
+    for n in range(60):
+        turn = store.create_turn(f"s-race-{n}", MESSAGE)
+        claim = runtime.leases.claim(turn.turn_id, "w", 30.0)
+        assert not isinstance(claim, Refusal)
+        result = _cancel_racing_the_end(runtime, op_settings, turn.turn_id, claim.epoch)
+        final = store.get_turn(turn.turn_id).status
+        stops = result.cancellation is not None and not result.turn.finished
+        assert not (stops and final == "done"), (n, result.describe(), final)
+        assert final in ("done", "cancelled")
+        if final == "done":
+            assert "too late" in result.describe(), result.describe()
+        outcomes[final] = outcomes.get(final, 0) + 1
+    assert sum(outcomes.values()) == 60, outcomes
+
+
+def _cancel_racing_the_end(
+    runtime: Runtime, op_settings: Settings, turn_id: str, epoch: int
+) -> CancelResult:
+    """The holder ends the turn (done) while an operator cancels it, both let go at once;
+    what the cancel said."""
+    start = threading.Barrier(2)
+    said: list[CancelResult] = []
+
+    def end() -> None:
+        start.wait()
+        runtime.leases.finish(turn_id, epoch, "the reply")
+
+    def ask() -> None:
+        start.wait()  # the operator's runtime (other settings): its own connection
+        said.append(cancel_turn(turn_id, settings=op_settings))
+
+    threads = [threading.Thread(target=end), threading.Thread(target=ask)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return said[0]
+
+
 def test_cancel_of_a_turn_no_worker_holds_ends_it_at_once(
     op_settings: Settings, store: JournalStore, runtime: Runtime, clock: DatabaseClock
 ) -> None:
@@ -173,6 +260,12 @@ def test_cancel_of_a_turn_no_worker_holds_ends_it_at_once(
     assert not again.requested and again.turn.status == "cancelled"
     done = run_cli(op_settings, "cancel", turn.turn_id, "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["requested_by"] == "ada"
+    # cancelling a cancelled turn succeeds (what was asked holds) and says who did it first
+    twice = run_cli(op_settings, "cancel", turn.turn_id, "--by", "bob")
+    assert twice.returncode == 0, twice.stderr
+    assert twice.stdout.strip() == (
+        f"turn {turn.turn_id} was already cancelled by ada: duplicate; nothing changed"
+    )
     with pytest.raises(TurnNotFound):
         cancel_turn("turn_nope", settings=op_settings)
     with pytest.raises(InvalidArgument):

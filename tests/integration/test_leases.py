@@ -117,7 +117,7 @@ def test_stale_epoch_cannot_finish_fail_or_release(
     now = store.get_turn(turn.turn_id)
     assert (now.status, now.lease_owner, now.lease_epoch) == ("running", "b", new.epoch)
     assert now.reply is None and now.error is None
-    assert leases.finish(turn.turn_id, new.epoch, "reply") == ("s", 0, None)
+    assert leases.finish(turn.turn_id, new.epoch, "reply") == ("s", 0, None, "done")
     done = store.get_turn(turn.turn_id)
     assert (done.status, done.reply, done.lease_owner) == ("done", "reply", None)
 

@@ -224,3 +224,39 @@ def test_a_never_outcome_is_announced_with_the_next_write(
         journal.record_outcome(3, {"content": "sent"})
         journal.flush()  # no step follows: told now (the newest step wakes every watcher)
         assert told() == ["3"]
+
+
+def test_the_sse_example_answers_a_reconnect_after_the_end_with_204(runtime: Runtime) -> None:
+    """A real HTTP client reading the example endpoint: the stream of a finished turn ends
+    with the ``end`` event; reconnecting with ``Last-Event-ID: end`` (as an EventSource does
+    once the server closes) gets 204 No Content, which stops an EventSource, not a 400; an
+    unknown turn is still 404."""
+    import http.client
+
+    from durable_agent_examples.live_sse import make_server
+
+    turn_id, epoch = _claimed_turn(runtime)
+    _write_step(runtime.journal, turn_id, epoch, 0)
+    runtime.leases.finish(turn_id, epoch, "bye")
+    server = make_server(runtime)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    def get(path: str, last: str | None) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            conn.request("GET", path, headers={"Last-Event-ID": last} if last else {})
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    try:
+        status, body = get(f"/turns/{turn_id}/events", None)
+        assert status == 200 and body.decode().rstrip().split("\n\n")[-1].startswith("id: end")
+        assert get(f"/turns/{turn_id}/events", "end") == (204, b"")
+        assert get(f"/turns/{turn_id}/events", " end ")[0] == 204
+        assert get("/turns/turn_nosuch/events", "end")[0] == 404
+    finally:
+        server.shutdown()
+        server.server_close()

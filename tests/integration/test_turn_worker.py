@@ -522,3 +522,30 @@ def test_a_five_call_turn_is_eight_journal_statements(
     steps = store.load_journal(turn.turn_id)
     assert _names(steps) == EMAIL_TURN and all(s.status == "done" for s in steps)
     assert store.get_turn(turn.turn_id).reply == REPLY and len(inbox.messages) == 1
+
+
+def test_a_turn_handed_back_and_received_again_waits_instead_of_spinning(
+    make_worker: Callable[..., TurnWorker],
+    store: JournalStore,
+    settings: Settings,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A turn of a queue this worker does not serve is handed back to its queue once. If it
+    comes back to the same worker (which then consumes that queue too), it is not sent again
+    at once: it waits in Postgres for a worker of its queue (the sweeper sends it when due),
+    and that is logged once, not per delivery."""
+    worker = make_worker()
+    turn = store.create_turn("s-elsewhere", "hello", queue=f"{settings.queue}-other")
+
+    first = worker.handle(turn.turn_id)
+    assert first.outcome == "refused" and first.follow_up is not None, first
+    assert first.follow_up[2] == f"{settings.queue}-other"
+
+    caplog.set_level("WARNING", logger="durable_agent.delivery.turn_worker")
+    again = [worker.handle(turn.turn_id) for _ in range(5)]
+
+    assert all(d.outcome == "refused" and d.follow_up is None for d in again), again
+    waiting = store.get_turn(turn.turn_id)
+    assert waiting.status == "queued" and waiting.not_before is not None, waiting
+    told = [r for r in caplog.records if "came back to this worker" in r.getMessage()]
+    assert len(told) == 1, [r.getMessage() for r in caplog.records]

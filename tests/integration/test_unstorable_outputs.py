@@ -29,6 +29,13 @@ def _circular() -> dict[str, Any]:
     return loop
 
 
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 RESULTS: dict[str, Any] = {
     "circular": _circular(),
     "nul": "sent\x00with a NUL",
@@ -36,6 +43,9 @@ RESULTS: dict[str, Any] = {
     "nan": {"ratio": float("nan")},
     "object": {"handle": Unprintable()},
     "bytes": b"\x00\xff raw bytes",
+    "huge_int": 10**5000,  # more digits than Python writes as JSON
+    "huge_int_inside": {"refunded": True, "balance": -(10**5000)},
+    "deep": _nested(3000),
 }
 
 
@@ -128,5 +138,52 @@ def test_model_text_with_a_nul_is_recorded_and_replied(settings: Settings) -> No
         last = runtime.journal.load_journal(turn_id)[-1]
         assert last.output["message"]["content"] == "all\ufffddone"
         assert last.output["sanitized"] == ["NUL characters replaced with U+FFFD"]
+    finally:
+        runtime.close()
+
+
+def _bad_arguments_policy(arguments: str) -> Any:
+    def policy(body: dict[str, Any]) -> dict[str, Any]:
+        last = body["messages"][-1]
+        if last["role"] == "user":
+            return call_tool("ut_unstorable_send", {})  # replaced below: arguments as given
+        return reply(f"the tool said: {last['content'][:60]}")
+
+    def with_raw_arguments(body: dict[str, Any]) -> dict[str, Any]:
+        answer = policy(body)
+        for call in answer.get("tool_calls") or []:
+            call["function"]["arguments"] = arguments
+        return answer
+
+    return with_raw_arguments
+
+
+@pytest.mark.parametrize(
+    ("arguments", "says"),
+    [
+        ('{"kind": ' + "7" * 5000 + "}", "a number too long to read"),
+        ('{"kind": ' + "[" * 3000 + "]" * 3000 + "}", "nested too deeply"),
+        ('{"kind": ' + "[" * 300 + "]" * 300 + "}", "nested more than 200 levels"),
+    ],
+    ids=["5000-digit-integer", "nested-3000-deep", "nested-300-deep"],
+)
+def test_arguments_python_cannot_read_are_an_error_result_and_the_turn_goes_on(
+    settings: Settings, arguments: str, says: str
+) -> None:
+    """Arguments holding a 5,000-digit integer or nested 3,000 deep: the tool does not run,
+    the model reads an error result, and the turn ends done."""
+    runtime, turn_id, delivery = _run(settings, _bad_arguments_policy(arguments))
+    try:
+        assert delivery.outcome == "done", delivery.detail
+        steps = runtime.journal.load_journal(turn_id)
+        assert [(s.name, s.status) for s in steps] == [
+            ("llm", "done"),
+            ("ut_unstorable_send", "done"),
+            ("llm", "done"),
+        ]
+        output = steps[1].output
+        assert output["error"] is True and says in output["content"], output
+        assert effects == []  # the tool never ran
+        assert runtime.get_turn(turn_id).reply == f"the tool said: {output['content'][:60]}"
     finally:
         runtime.close()

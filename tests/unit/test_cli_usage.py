@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -101,27 +102,26 @@ def test_command_help(cli: Cli, command: str) -> None:
 
 
 def test_unknown_command_exits_2(cli: Cli) -> None:
-    """An unknown command is a usage error (exit 2) listing the valid choices."""
+    """An unknown command is a usage error (exit 2): one line listing the valid choices."""
     result = cli("frobnicate")
     assert result.returncode == 2
-    assert "usage: durable-agent" in result.stderr
-    assert "invalid choice: 'frobnicate'" in result.stderr
-    assert "Traceback" not in result.stderr
+    line = assert_one_error_line(result)
+    assert "invalid choice: 'frobnicate'" in line and "durable-agent --help" in line
 
 
 def test_no_command_exits_2(cli: Cli) -> None:
-    """Running with no command is a usage error."""
+    """Running with no command is a usage error, one line."""
     result = cli()
     assert result.returncode == 2
-    assert "usage: durable-agent" in result.stderr
+    assert "COMMAND" in assert_one_error_line(result)
 
 
-def test_submit_without_session_exits_2_with_usage(cli: Cli) -> None:
-    """submit needs --session: exit 2 and the submit usage line."""
+def test_submit_without_session_exits_2_with_one_line(cli: Cli) -> None:
+    """submit needs --session: exit 2, one line naming the command and the argument."""
     result = cli("submit", "hello")
     assert result.returncode == 2
-    assert "usage: durable-agent submit" in result.stderr
-    assert "--session" in result.stderr
+    line = assert_one_error_line(result)
+    assert line.startswith("error: durable-agent submit:") and "--session" in line
     assert result.stdout == ""
 
 
@@ -129,7 +129,7 @@ def test_unknown_option_exits_2(cli: Cli) -> None:
     """Extra options are only passed through for `worker`; elsewhere they are an error."""
     result = cli("turns", "--frobnicate")
     assert result.returncode == 2
-    assert "unrecognized arguments: --frobnicate" in result.stderr
+    assert "unrecognized arguments: --frobnicate" in assert_one_error_line(result)
 
 
 @pytest.mark.parametrize(
@@ -178,6 +178,11 @@ def test_unreachable_database_prints_one_error_line(cli: Cli, args: list[str]) -
         ("sqlite:///tmp/durable-agent-unit.db", "needs PostgreSQL"),
         ("postgresql://u:s3cret-pw@127.0.0.1:99999/db", "is not a port"),
         ("postgresql://u:s3cret-pw@127.0.0.1/db?frobnicate=1", "invalid URI query parameter"),
+        ("postgresql://u:s3cret-pw@127.0.0.1/db?sslmode=bogus", "sslmode='bogus' is not one"),
+        (
+            "postgresql://u:s3cret-pw@127.0.0.1/db?target_session_attrs=bogus",
+            "target_session_attrs='bogus' is not one",
+        ),
     ],
 )
 def test_bad_database_url_prints_one_error_line(cli: Cli, url: str, expected: str) -> None:
@@ -200,6 +205,12 @@ def test_bad_database_url_prints_one_error_line(cli: Cli, url: str, expected: st
         ["wait", "turn_x", "--timeout", "nan"],
         ["wait", "turn_x", "--timeout", "-1"],
         ["wait", "turn_x", "--timeout", "inf"],
+        ["watch", "turn_x", "--timeout", "nan"],
+        ["health", "--timeout", "-0.5"],
+        ["eval", "crash-matrix", "--lease-seconds", "nan"],
+        ["eval", "crash-matrix", "--sweep-interval", "-1"],
+        ["eval", "two-workers", "--lease-seconds", "inf"],
+        ["eval", "heed-note", "--runs", "-3"],
         ["eval", "crash-matrix", "--relabel", "send_email=maybe"],
         ["eval", "crash-matrix", "--relabel", "send_email"],
         ["eval", "crash-matrix", "--point", "3:somewhere"],
@@ -214,11 +225,14 @@ def test_bad_database_url_prints_one_error_line(cli: Cli, url: str, expected: st
     ids=" ".join,
 )
 def test_bad_argument_values_are_usage_errors(cli: Cli, args: list[str]) -> None:
-    """Out-of-range or malformed values: exit 2 with the usage line, no traceback, no wait."""
-    result = cli(*args)
+    """Out-of-range or malformed values (``--timeout nan``, a negative number): one
+    ``error:`` line naming the command and the argument, exit 2, no usage, no traceback,
+    no wait, nothing started (the URL here reaches nothing)."""
+    result = cli(*args, DURABLE_AGENT_DATABASE_URL=UNREACHABLE)
     assert result.returncode == 2, result
-    assert "Traceback" not in result.stderr + result.stdout
-    assert "usage: durable-agent" in result.stderr
+    line = assert_one_error_line(result)
+    assert line.startswith("error: durable-agent"), line
+    assert "usage:" not in result.stderr
 
 
 BAD_UTF8 = os.fsdecode(b"turn-\xff\xfe")  # what Python makes of invalid UTF-8 in argv
@@ -285,3 +299,168 @@ def test_every_worker_gets_a_node_name_of_its_own() -> None:
     assert name == f"turns-{os.getpid()}@%h"
     assert worker_argv(["turns"], "INFO", ["-n", "mine@%h"]).count("--hostname") == 0
     assert worker_argv(["turns"], "INFO", ["--hostname=mine@%h"]).count("--hostname") == 0
+
+
+UNREACHABLE_BROKER = "redis://127.0.0.1:1/0"
+
+SCENARIOS = """
+from durable_agent.testing import Scenario
+
+def typo():
+    return Scenario(
+        name="typo", message="Email the note 'launch' to ada@example.com",
+        modules=["durable_agent_examples.email_tools"], policy="email",
+        effects={"send_emial": lambda: 0},
+    )
+
+def uncounted():
+    return Scenario(
+        name="uncounted", message="Email the note 'launch' to ada@example.com",
+        modules=["durable_agent_examples.email_tools", "durable_agent_examples.payments_tools"],
+        policy="email", effects={"send_email": lambda: 0},
+    )
+
+def needs(inbox):
+    return typo()
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--relabel", "nosuch=safe"], "agent 'default' has no tool 'nosuch'"),
+        (["--point", "99:after_run"], "--point 99:after_run: agent 'default' stops at 64 steps"),
+        (["--point", "send_emial:after_run"], "agent 'default' has no tool 'send_emial'"),
+        (["--scenario", "my_scenarios:needs"], "is a function that needs arguments"),
+        (["--scenario", "my_scenarios:typo"], "effects names 'send_emial', not a never tool"),
+        (["--scenario", "my_scenarios:uncounted"], "never tool(s) 'refund_order' of agent"),
+    ],
+    ids=[
+        "relabel-unknown-tool",
+        "point-past-the-cap",
+        "point-misspelt-tool",
+        "scenario-args",
+        "effects-typo",
+        "never-tool-uncounted",
+    ],
+)
+def test_crash_matrix_mistakes_are_one_line_before_anything_runs(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], says: str
+) -> None:
+    """The crash matrix checks its command and the scenario against the scenario's agent
+    before it starts anything: Postgres and Redis here reach nothing, so a check that came
+    after the start would say "cannot reach", and one after a clean run would never come."""
+    (tmp_path / "my_scenarios.py").write_text(SCENARIOS)
+    monkeypatch.chdir(tmp_path)
+    result = cli(
+        "eval",
+        "crash-matrix",
+        *args,
+        DURABLE_AGENT_DATABASE_URL=UNREACHABLE,
+        DURABLE_AGENT_BROKER_URL=UNREACHABLE_BROKER,
+    )
+    assert result.returncode == 2, result
+    line = assert_one_error_line(result)
+    assert says in line, line
+
+
+def test_help_names_the_model_server_and_every_exit_code(cli: Cli) -> None:
+    """`durable-agent --help` lists the test kit's model server and the exit codes, 4 too."""
+    result = cli("--help")
+    assert result.returncode == 0
+    assert "model-server" in result.stdout
+    for code in ("0 success", "1 the command failed", "2 a usage", "3 wait", "4 no turn"):
+        assert code in " ".join(result.stdout.split()), code
+    for endpoint in ("/_stats", "/_reset", "/_fail", "/_delay"):
+        assert endpoint in result.stdout
+
+
+def test_durable_agent_model_server_serves_the_scripted_model() -> None:
+    """`durable-agent model-server --policy email` is the real server: its JSON line, then a
+    real request to /_stats; SIGTERM ends it with 0."""
+    import json
+    import signal
+    import urllib.request
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "durable_agent", "model-server", "--policy", "email"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        info = json.loads(process.stdout.readline())
+        with urllib.request.urlopen(f"http://127.0.0.1:{info['port']}/_stats", timeout=10) as r:
+            assert json.loads(r.read())["requests"] == 0
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=10)  # closes the pipes
+    assert process.returncode == 0, err
+
+
+MATRIX = """
+import sys
+from durable_agent.cli.console import out
+from durable_agent.evals.commands import matrix_table
+from durable_agent.evals.crash_matrix import MatrixReport, PointResult
+points = [
+    PointResult(step=s, point=p, call="tool send_email (never)", turn_id="t", crashed=True,
+                model_requests=5, repeated_finished=0, repeated_interrupted=1,
+                effects={"send_email": 1, "charge_card_for_the_order": 1},
+                expected={"send_email": 1}, same_reply=True, recovery_seconds=1.25,
+                status="done", reply="r")
+    for s in range(2) for p in ("before_run", "after_run")
+]
+report = MatrixReport(scenario="email", agent="default", message="m", clean_reply="r",
+                      clean_steps=[], clean_model_requests=5, clean_effects={},
+                      relabel={}, lease_seconds=2, sweep_interval_seconds=0.5, points=points)
+out.print(matrix_table(report))
+"""
+
+
+@pytest.mark.parametrize("columns", [None, "60"])
+def test_piped_tables_keep_every_column_whole(columns: str | None) -> None:
+    """A table printed to a pipe is not cut to 120 columns (``before_r…``): every cell is
+    whole; with COLUMNS set, the table fits it and folds cells instead of cutting them."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    if columns:
+        env["COLUMNS"] = columns
+    result = subprocess.run(
+        [sys.executable, "-c", MATRIX], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert "…" not in text, text
+    if columns is None:
+        assert "before_run" in text and "after_run" in text, text
+        assert "send_email 1, charge_card_for_the_order 1" in text, text
+        assert "0 (+1 interrupted)" in text, text
+    else:
+        rows = [line for line in text.splitlines() if line[:1] in "┏┃┡│└"]
+        assert rows and max(len(line) for line in rows) <= 60, text
+
+
+@pytest.mark.parametrize("query", ["sslmode=bogus", "target_session_attrs=bogus"])
+def test_a_worker_with_a_bad_libpq_parameter_stops_with_a_configuration_error(
+    cli: Cli, query: str
+) -> None:
+    """Not "cannot reach Postgres" (exit 1, which a supervisor retries forever): exit 2."""
+    url = f"postgresql://u:s3cret-pw@127.0.0.1:5432/db?{query}"
+    result = cli("worker", DURABLE_AGENT_DATABASE_URL=url)
+    assert result.returncode == 2, result
+    line = assert_one_error_line(result)
+    assert query.split("=")[0] in line and "cannot reach" not in line, line
+
+
+def test_a_journal_table_with_shortened_outcomes_says_where_the_whole_text_is() -> None:
+    """An outcome cut to its one-line summary is named in the table's caption, with the way
+    to the whole text (--json); a table with nothing cut has no such caption."""
+    from durable_agent.cli.tables import journal_table
+    from durable_agent.testing import make_step
+
+    short = make_step(0, "tool", "lookup_note", {}, "safe", "done", {"content": "Friday."})
+    long = make_step(1, "tool", "lookup_note", {}, "safe", "done", {"content": "x " * 100})
+    assert journal_table([short]).caption is None
+    caption = journal_table([short, long]).caption
+    assert isinstance(caption, str) and "--json" in caption

@@ -273,3 +273,85 @@ def test_command_line_model_server() -> None:
         assert proc.stop() == 0
     finally:
         proc.kill()
+
+
+def _test_kit(*args: str) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "durable_agent.testing", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _one_error_line(result: Any) -> str:
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    return str(lines[0])
+
+
+def test_a_port_in_use_is_one_line_and_exit_1() -> None:
+    """The model server (and the inbox) on a port another socket holds: one line, exit 1."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for args in (
+            ("model-server", "--policy", "email", "--port", port),
+            ("inbox", "--smtp-port", port),
+            ("payments", "--port", port),
+        ):
+            result = _test_kit(*args)
+            assert result.returncode == 1, result
+            line = _one_error_line(result)
+            assert f"port {port}" in line and "in use" in line, line
+
+
+@pytest.mark.parametrize(
+    ("policy", "says"),
+    [
+        ("os:getcwd", "cannot be called with one argument"),
+        ("json:dumps", "not an assistant message"),
+        ("os:sep", "not a function"),
+    ],
+)
+def test_a_policy_that_is_not_a_policy_is_refused_at_start(policy: str, says: str) -> None:
+    """Before: the server started and answered 500 to every request. Now: one line, exit 2,
+    and no server (the run ends well within the timeout)."""
+    result = _test_kit("model-server", "--policy", policy)
+    assert result.returncode == 2, result
+    line = _one_error_line(result)
+    assert f"policy {policy!r} is not a policy" in line and says in line, line
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["model-server", "--policy", "email", "--port", "-1"],
+        ["payments", "--order", "A-1"],
+        ["inbox", "--api-port", "x"],
+        ["model-server"],
+        ["nosuch"],
+    ],
+)
+def test_test_kit_usage_mistakes_are_one_line(args: list[str]) -> None:
+    result = _test_kit(*args)
+    assert result.returncode == 2, result
+    assert _one_error_line(result).startswith("error: python -m durable_agent.testing")
+
+
+def test_a_scenario_policy_that_is_not_a_policy_is_a_configuration_error() -> None:
+    from durable_agent.errors import ConfigurationError
+    from durable_agent.testing import Scenario
+
+    scenario = Scenario(message="hi", effects={"x": lambda: 0}, policy="json:dumps")
+    with pytest.raises(ConfigurationError, match="not an assistant message"):
+        scenario.resolved_policy()

@@ -284,6 +284,11 @@ FROM turns WHERE turn_id = :turn_id;
 -- which takes every earlier write of the turn with it: a reply someone may read is on disk.
 -- :held_step (NULL: none) is a step whose outcome the writer held back (the model call
 -- that gave the reply): it is written here too, and the turn ends only if it was.
+-- A turn that would end done but was cancelled before this commits ends `cancelled`, its
+-- reply kept in the journal (the held step): the end is a step boundary. The cancel updates
+-- the turn row (request_cancel), so either it waits for this end and finds the turn ended,
+-- or this end waits for it and, re-checked on the row the cancel wrote, asks
+-- durable_agent_cancel_note() again with a fresh snapshot.
 WITH held AS (
     UPDATE journal AS j
     SET status = 'done', output = CAST(:held_output AS jsonb), output_blob = :held_blob,
@@ -295,14 +300,20 @@ WITH held AS (
 ),
 ended AS (
     UPDATE turns
-    SET status = :status, reply = :reply, error = :error, lease_owner = NULL,
-        lease_expires_at = NULL, finished_at = durable_agent_now(),
+    SET status = CASE WHEN :status = 'done' AND durable_agent_cancel_note(turn_id) IS NOT NULL
+                      THEN 'cancelled' ELSE :status END,
+        reply = CASE WHEN :status = 'done' AND durable_agent_cancel_note(turn_id) IS NOT NULL
+                     THEN NULL ELSE :reply END,
+        error = CASE WHEN :status = 'done'
+                     THEN coalesce(durable_agent_cancel_note(turn_id), :error) ELSE :error END,
+        lease_owner = NULL, lease_expires_at = NULL, finished_at = durable_agent_now(),
         updated_at = durable_agent_now()
     WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running'
       AND (CAST(:held_step AS integer) IS NULL OR EXISTS (SELECT 1 FROM held))
-    RETURNING session_id, seq
+    RETURNING session_id, seq, status
 )
-SELECT ended.session_id, ended.seq, next.turn_id AS next_turn_id, next.queue AS next_queue
+SELECT ended.session_id, ended.seq, ended.status, next.turn_id AS next_turn_id,
+       next.queue AS next_queue
 FROM ended
 LEFT JOIN LATERAL durable_agent_next_open(ended.session_id, ended.seq) AS next ON true;
 
@@ -313,6 +324,16 @@ SET status = 'queued', error = :error, lease_owner = NULL, lease_expires_at = NU
     not_before = durable_agent_now() + make_interval(secs => :delay),
     updated_at = durable_agent_now()
 WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running'
+RETURNING turn_id;
+
+-- name: defer_unclaimed
+-- A turn no live claim holds waits :delay seconds before the sweeper sends it again (a
+-- turn handed back to its queue that came back to the same worker).
+UPDATE turns
+SET not_before = durable_agent_now() + make_interval(secs => :delay),
+    updated_at = durable_agent_now()
+WHERE turn_id = :turn_id AND status IN ('queued', 'running')
+  AND (lease_owner IS NULL OR lease_expires_at <= durable_agent_now())
 RETURNING turn_id;
 
 -- name: end_dead_claim
@@ -437,9 +458,15 @@ WHERE status IN ('queued', 'running') AND received_by LIKE :pattern
 
 -- name: request_cancel
 -- Ask an open turn to stop (once: a second request keeps the first one's who and why).
+-- The turn row is updated (to itself) so that an end of the turn running at the same time
+-- is ordered with this request on the row lock (see end_turn).
+WITH open AS (
+    UPDATE turns SET status = status
+    WHERE turn_id = :turn_id AND status IN ('queued', 'running', 'waiting')
+    RETURNING turn_id
+)
 INSERT INTO cancellations (turn_id, requested_by, reason, requested_at)
-SELECT turn_id, :requested_by, :reason, durable_agent_now() FROM turns
-WHERE turn_id = :turn_id AND status IN ('queued', 'running', 'waiting')
+SELECT turn_id, :requested_by, :reason, durable_agent_now() FROM open
 ON CONFLICT (turn_id) DO NOTHING
 RETURNING turn_id;
 
