@@ -48,3 +48,12 @@ def test_the_origin_or_referer_must_be_this_host() -> None:
     assert same_origin_problem(request({"Host": "c.test", "Referer": "http://c.test/x"})) is None
     assert same_origin_problem(request({"Host": "c.test", "Origin": "http://c.test.evil"}))
     assert same_origin_problem(request({"Host": "c.test"}))
+
+
+def test_the_console_logins_are_among_the_redacted_secrets() -> None:
+    from durable_agent.redact import redact
+    from durable_agent.settings import Settings
+
+    Settings(console_auth="ada:Zq9-very-secret-pass", console_token="tok-0123456789abcdefXYZ")
+    said = redact("refused Zq9-very-secret-pass, then tok-0123456789abcdefXYZ")
+    assert said == "refused ***, then ***"
