@@ -138,9 +138,12 @@ def test_spend_by_turn_agent_and_day(runtime: Runtime, store: JournalStore, leas
 
 
 def _cli(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The command with its output piped, as a script reads it: no COLUMNS (pytest-xdist's
+    workers set one), so the tables keep every column whole."""
+    inherited = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     return subprocess.run(
         [sys.executable, "-m", "durable_agent", *args],
-        env={**os.environ, **settings_env(settings), **env},
+        env={**inherited, **settings_env(settings), **env},
         capture_output=True,
         text=True,
         timeout=60,
