@@ -1,4 +1,5 @@
-"""``python -m bench [all|journal|throughput|resume|growth|recovery|door] [--quick] [--json PATH]``:
+"""``python -m bench [all|journal|throughput|resume|growth|recovery|door|console]``
+``[--quick] [--json PATH]``:
 run the benchmarks, print tables (``--quick``: one round of each, smaller sizes, for CI).
 DBOS side by side is not here: ``make bench-peers`` runs ``python -m bench.peers`` in a
 virtual environment of its own, so that this one never carries DBOS."""
@@ -23,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "which",
         nargs="?",
-        choices=("all", "journal", "throughput", "resume", "growth", "recovery", "door"),
+        choices=("all", "journal", "throughput", "resume", "growth", "recovery", "door", "console"),
         default="all",
         help="the benchmark to run (default: all)",
     )
@@ -85,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import app_door
 
         results["door"] = app_door.run(reps=args.reps if not args.quick else 1)
+    if args.which in ("all", "console"):
+        from . import console_pages
+
+        results["console"] = console_pages.run(samples=5 if args.quick else console_pages.SAMPLES)
     out.print(f"[dim]finished in {time.monotonic() - started:.0f} s[/dim]")
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")

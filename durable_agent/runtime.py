@@ -27,13 +27,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .errors import ConfigurationError, InvalidArgument, ServiceUnavailable
 from .inputs import check_id, check_message
 from .journal import (
+    AgentSeen,
     Database,
     JournalStore,
     Leases,
     OperatorStore,
     Spend,
     Turn,
+    TurnFilter,
     TurnStatus,
+    WorkerSeen,
     require_current,
 )
 from .operate.live import (
@@ -379,6 +382,30 @@ class Runtime:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
             raise InvalidArgument(f"limit must be a whole number from 1 to {MAX_LIST}")
         return self.with_spend(self.journal.list_turns(session_id, limit=limit))
+
+    def find_turns(
+        self,
+        turn_filter: TurnFilter | None = None,
+        *,
+        before: tuple[datetime, str] | None = None,
+        limit: int = 50,
+    ) -> list[Turn]:
+        """The turns that match ``turn_filter``, newest first, at most ``limit``; the next
+        page starts ``before`` the last one's ``(created_at, turn_id)`` (keyset paging:
+        every page costs the same). Without their spend ledgers (see ``with_spend``)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
+            raise InvalidArgument(f"limit must be a whole number from 1 to {MAX_LIST}")
+        return self.journal.find_turns(turn_filter or TurnFilter(), before=before, limit=limit)
+
+    def workers(self, window_seconds: float = 3600.0) -> list[WorkerSeen]:
+        """The worker processes Postgres knows of: claims they hold, their furthest lease
+        (a heartbeat renews it every third of ``lease_seconds``), messages received within
+        ``window_seconds``."""
+        return self.journal.workers(window_seconds)
+
+    def agents_seen(self) -> list[AgentSeen]:
+        """Each agent and digest the recorded turns ran with."""
+        return self.journal.agents_seen()
 
     def with_spend(self, turns: list[Turn]) -> list[Turn]:
         """The turns with their spend ledgers (one query)."""

@@ -149,6 +149,8 @@ Index(
     turns.c.finished_at,
     postgresql_where=text("status IN ('done', 'failed', 'cancelled')"),
 )
+Index("turns_newest_idx", turns.c.created_at, turns.c.turn_id)
+Index("turns_status_newest_idx", turns.c.status, turns.c.created_at, turns.c.turn_id)
 
 blobs = Table(
     "blobs",

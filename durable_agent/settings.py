@@ -183,6 +183,37 @@ class Settings(BaseSettings):
         "million tokens, comma-separated, by the model name sent, e.g. 'gpt-4o-mini=0.15/0.60'",
     )
 
+    console_auth: str = Field(
+        default="",
+        repr=False,
+        description="the web console's logins: USER:PASSWORD, comma-separated for several "
+        "(HTTP basic auth or the login form; never shown)",
+    )
+    console_token: str = Field(
+        default="",
+        repr=False,
+        description="a bearer token for scripts that call the web console (at least 16 "
+        "characters; never shown); actions taken with it are recorded as by 'token'",
+    )
+
+    @field_validator("console_auth")
+    @classmethod
+    def _logins(cls, value: str) -> str:
+        for entry in filter(None, (part.strip() for part in value.split(","))):
+            user, colon, password = entry.partition(":")
+            if not colon or not user.strip() or not password:
+                raise ValueError("expected USER:PASSWORD (comma-separated for several)")
+            if not _NAME.fullmatch(user):
+                raise ValueError("a user name has no spaces or control characters")
+        return value
+
+    @field_validator("console_token")
+    @classmethod
+    def _token(cls, value: str) -> str:
+        if value and (len(value) < 16 or not _NAME.fullmatch(value)):
+            raise ValueError("must be at least 16 characters with no spaces")
+        return value
+
     def model_post_init(self, context: Any, /) -> None:
         # text from outside (a model's error body, a driver's message) may echo a secret
         # that no pattern recognises: every process redacts the ones it was configured with
@@ -190,8 +221,15 @@ class Settings(BaseSettings):
         remember_secrets(self.secrets())
 
     def secrets(self) -> list[str | None]:
-        """The configured credentials: the API key, the database and broker passwords."""
-        return [self.openai_api_key, url_password(self.database_url), url_password(self.broker_url)]
+        """The configured credentials: the API key, the database and broker passwords, the
+        console's passwords and token."""
+        return [
+            self.openai_api_key,
+            url_password(self.database_url),
+            url_password(self.broker_url),
+            *self.console_logins.values(),
+            self.console_token or None,
+        ]
 
     @field_validator("database_url")
     @classmethod
@@ -237,6 +275,12 @@ class Settings(BaseSettings):
         if value and not _NAME.fullmatch(value):
             raise ValueError("must be 1-200 characters with no spaces or control characters")
         return value
+
+    @property
+    def console_logins(self) -> dict[str, str]:
+        """USER -> PASSWORD of ``console_auth``."""
+        pairs = (e.strip().partition(":") for e in self.console_auth.split(",") if e.strip())
+        return {user.strip(): password for user, _, password in pairs}
 
     @property
     def approval_tools(self) -> frozenset[str]:

@@ -27,6 +27,7 @@ from ..runtime import Runtime
 from ..settings import load_settings
 from ..usage import OneLineParser
 from . import operator, service, turns
+from .arguments import whole_number
 from .exits import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_USAGE, error_line
 
 __all__ = ["build_parser", "main"]
@@ -84,6 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     service.register(add)  # migrate, worker, sweep, health
     turns.register(add)  # submit, wait, watch, journal, turns, spend, replay
+
+    from ..web.serve import add_arguments as console_arguments
+    from ..web.serve import cmd_console
+
+    console = add(
+        "console", cmd_console, "serve the web console (extra 'console'; a login is required)"
+    )
+    console_arguments(console, whole_number(1, 65_535, "a port"))
+
     operator.register(add)  # cancel, prune, uncertain, resolve, approvals, approve, deny
     add("eval", cmd_evals, "the evals of the pattern: crash-matrix, heed-note, two-workers, replay")
     add("demo", cmd_evals, "run a turn, kill its worker mid-way, watch another worker finish it")

@@ -25,11 +25,25 @@ from .notify import announce, listen
 from .operator_store import Approval, Cancellation, OperatorStore, PruneCount
 from .protocol import TurnJournal
 from .queries import Migration, Query, parse_queries
-from .records import Claim, Ended, Kind, Refusal, Replay, Step, StepStatus, Turn, TurnStatus
+from .records import (
+    AgentSeen,
+    Claim,
+    Ended,
+    Kind,
+    Refusal,
+    Replay,
+    Step,
+    StepStatus,
+    Turn,
+    TurnFilter,
+    TurnStatus,
+    WorkerSeen,
+)
 from .store import ClaimedJournal, JournalStore
 
 __all__ = [
     "MAX_DEPTH",
+    "AgentSeen",
     "Approval",
     "Cancellation",
     "Claim",
@@ -53,8 +67,10 @@ __all__ = [
     "StepStatus",
     "Tokens",
     "Turn",
+    "TurnFilter",
     "TurnJournal",
     "TurnStatus",
+    "WorkerSeen",
     "announce",
     "apply_missing",
     "conninfo_for",

@@ -115,6 +115,52 @@ class Turn(_Row):
 
 
 @dataclass(frozen=True, slots=True)
+class TurnFilter:
+    """Which turns a listing shows (None: any)."""
+
+    status: TurnStatus | None = None
+    agent: str | None = None
+    session_id: str | None = None
+    queue: str | None = None
+    since: datetime | None = None  # created at or after
+    until: datetime | None = None  # created before
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "status": None if self.status is None else str(self.status),
+            "agent": self.agent,
+            "session_id": self.session_id,
+            "queue": self.queue,
+            "since": self.since,
+            "until": self.until,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSeen(_Row):
+    """A worker process as the turns table shows it (``host:pid#token``)."""
+
+    worker: str
+    claims_held: int  # live claims
+    claims_expired: int  # claims whose lease ran out and that nobody took over yet
+    lease_until: datetime | None  # the furthest lease it holds (renewed each third of it)
+    received: int  # messages it received within the window asked for
+    last_received: datetime | None
+    now: datetime  # Postgres' clock when read
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSeen(_Row):
+    """An agent and a digest its turns ran with (None: not run yet)."""
+
+    agent: str
+    agent_digest: str | None
+    turns: int
+    newest: datetime
+    resumed_changed: int  # turns resumed under a changed agent
+
+
+@dataclass(frozen=True, slots=True)
 class Step(_Row):
     """One journal row: the intent of a call and, once done, its outcome."""
 

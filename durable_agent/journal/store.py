@@ -18,6 +18,7 @@ import psycopg
 from ..errors import InvalidArgument, LeaseLost, ServiceUnavailable, TurnCancelled, TurnNotFound
 from .codec import digest, dumps
 from .db import Database
+from .listings import Listings
 from .notify import announce
 from .operator_store import OperatorStore
 from .records import EncodedOutcome, Kind, Replay, Step, Turn
@@ -44,8 +45,9 @@ def submitted_again(
     return existing
 
 
-class JournalStore:
-    """Turns, journal rows and blobs, through the process's autocommit connection."""
+class JournalStore(Listings):
+    """Turns, journal rows and blobs, through the process's autocommit connection (the
+    console's listings of turns, workers and agents come from :class:`Listings`)."""
 
     def __init__(self, db: Database, *, blob_threshold: int = 16 * 1024) -> None:
         self.db = db

@@ -19,8 +19,10 @@ Costs come from an optional price table, ``DURABLE_AGENT_PRICES`` (USD per milli
 and completion tokens, by the model name sent in the request); without a price for every
 model involved, a cost is ``None``.
 
-Groupings (:data:`GROUPINGS`): ``turn``, ``agent`` (the agent each turn belongs to) and
-``day`` (the UTC day of the call); each is a branch of the ``spend`` query's ``CASE :by``.
+Groupings (:data:`GROUPINGS`): ``turn``, ``agent`` (the agent each turn belongs to),
+``day`` (the UTC day of the call) and ``day_agent`` (both, keyed ``YYYY-MM-DD agent``: the
+web console's spend page sums it both ways from one pass); each is a branch of the
+``spend`` query's ``CASE :by``.
 The ledger's records (:class:`~durable_agent.journal.Spend`, ``Tokens``, ``Price``) are in
 :mod:`durable_agent.journal.ledger`.
 """
@@ -38,7 +40,7 @@ from ..journal import Price, Spend, Tokens
 if TYPE_CHECKING:
     from ..journal import JournalStore
 
-GROUPINGS = ("turn", "agent", "day")
+GROUPINGS = ("turn", "agent", "day", "day_agent")
 """What ``spend`` can group by."""
 
 

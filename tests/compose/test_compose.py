@@ -45,6 +45,8 @@ class Stack:
     env_file: Path
     flower_port: int
     flower_auth: str
+    console_port: int
+    console_auth: str
     postgres_password: str
 
     def compose(self, *args: str, timeout: float = 600, check: bool = True) -> str:
@@ -90,6 +92,21 @@ class Stack:
         except urllib.error.HTTPError as error:
             return error.code, None
 
+    def page(self, url: str, auth: str | None = None) -> tuple[int, str]:
+        """GET an HTML page: its status and text (the status alone when it fails)."""
+        request = urllib.request.Request(url)
+        if auth:
+            import base64
+
+            request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, ""
+        except (urllib.error.URLError, ConnectionError):
+            return 0, ""
+
     def worker_containers(self) -> dict[str, str]:
         """Container hostname -> container id, for the worker service."""
         ids = self.compose("ps", "-q", "worker").split()
@@ -129,6 +146,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         env_file=folder / ".env",
         flower_port=_free_port(),
         flower_auth=f"admin:{secrets.token_urlsafe(12)}",
+        console_port=_free_port(),
+        console_auth=f"ops:{secrets.token_urlsafe(12)}",
         postgres_password=secrets.token_urlsafe(16),
     )
     stack.env_file.write_text(
@@ -137,6 +156,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 f"POSTGRES_PASSWORD={stack.postgres_password}",
                 f"FLOWER_BASIC_AUTH={stack.flower_auth}",
                 f"FLOWER_PORT={stack.flower_port}",
+                f"CONSOLE_AUTH={stack.console_auth}",
+                f"CONSOLE_PORT={stack.console_port}",
                 "WORKER_CONCURRENCY=2",
                 "",
             ]
@@ -174,6 +195,18 @@ def test_flower_needs_credentials_and_lists_the_three_workers(stack: Stack) -> N
     hosts = set(stack.worker_containers())
     assert {name.split("@", 1)[1] for name in names} == hosts, (names, hosts)
     assert len(set(names)) == 3
+
+
+def test_the_console_needs_credentials_and_shows_the_turns(stack: Stack) -> None:
+    base = f"http://127.0.0.1:{stack.console_port}"
+    status = _wait(lambda: stack.page(base + "/")[0] or None, 60, "the console")
+    assert status == 401
+    user = stack.console_auth.split(":", 1)[0]
+    code, text = stack.page(base + "/", stack.console_auth)
+    assert code == 200 and f'<span class="user">{user}</span>' in text
+    assert stack.postgres_password not in text and "db:5432/durable_agent" in text
+    code, _ = stack.page(base + "/workers", stack.console_auth)
+    assert code == 200
 
 
 def test_a_killed_worker_container_does_not_stop_its_turn(stack: Stack) -> None:

@@ -700,7 +700,8 @@ RETURNING t.session_id, t.turn_id, t.queue;
 
 -- name: spend
 -- The finished model calls of the chosen turns (:turn_ids, NULL: all; created since :since,
--- NULL: ever), summed per :by ('turn', 'agent' or 'day', the UTC day of the call) and
+-- NULL: ever), summed per :by ('turn', 'agent', 'day', the UTC day of the call, or
+-- 'day_agent', the day and the agent: 'YYYY-MM-DD agent') and
 -- model, newest first. For each call: its tokens (the recorded `usage`); how many times it ran before,
 -- interrupted (the claims from the one that wrote its intent up to the one that finished
 -- it, less the runs that failed at the API); how many later claims read it back instead of
@@ -729,7 +730,10 @@ calls AS (
 )
 SELECT CASE :by WHEN 'turn' THEN turn_id
                 WHEN 'agent' THEN agent
-                WHEN 'day' THEN to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD') END AS key,
+                WHEN 'day' THEN to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')
+                WHEN 'day_agent'
+                    THEN to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD') || ' ' || agent
+                END AS key,
        model,
        count(*) AS calls,
        count(*) FILTER (WHERE NOT has_usage) AS calls_without_usage,
@@ -746,6 +750,68 @@ SELECT CASE :by WHEN 'turn' THEN turn_id
 FROM calls
 GROUP BY 1, 2
 ORDER BY max(turn_created_at) DESC, 1 DESC, 2;
+
+-- ---------------------------------------------------------------------------------------
+-- the console: turns filtered and paged, workers and agents as the turns table shows them
+-- ---------------------------------------------------------------------------------------
+
+-- name: find_turns
+-- Turns newest first, each filter NULL when not asked for; a page goes on from the last
+-- turn of the one before (:before_at, :before_id), so page 1,000 costs what page 1 does
+-- (turns_newest_idx, turns_status_newest_idx).
+SELECT turn_id, session_id, seq, status, message, reply, error, attempts, crashes,
+       lease_owner, lease_epoch, lease_expires_at, not_before, enqueued_at,
+       created_at, updated_at, finished_at, queue, message_id, received_message_id,
+       received_at, received_by, agent, agent_digest, agent_spec, agent_changes
+FROM turns
+WHERE (CAST(:status AS text) IS NULL OR status = CAST(:status AS text))
+  AND (CAST(:agent AS text) IS NULL OR agent = CAST(:agent AS text))
+  AND (CAST(:session_id AS text) IS NULL OR session_id = CAST(:session_id AS text))
+  AND (CAST(:queue AS text) IS NULL OR queue = CAST(:queue AS text))
+  AND (CAST(:since AS timestamptz) IS NULL OR created_at >= CAST(:since AS timestamptz))
+  AND (CAST(:until AS timestamptz) IS NULL OR created_at < CAST(:until AS timestamptz))
+  AND (CAST(:before_at AS timestamptz) IS NULL
+       OR (created_at, turn_id) < (CAST(:before_at AS timestamptz), CAST(:before_id AS text)))
+ORDER BY created_at DESC, turn_id DESC
+LIMIT :limit;
+
+-- name: workers
+-- The worker processes Postgres knows of (host:pid#token, the thread cut off): the claims
+-- they hold (live, and expired ones nobody took over yet, a sign the holder died), when
+-- their lease was last renewed to, and the messages they received within :window seconds.
+WITH claims AS (
+    SELECT regexp_replace(lease_owner, ':[^:#]*(#.*)?$', '\1') AS worker,
+           count(*) FILTER (WHERE lease_expires_at > durable_agent_now()) AS claims_held,
+           count(*) FILTER (WHERE lease_expires_at <= durable_agent_now()) AS claims_expired,
+           max(lease_expires_at) AS lease_until
+    FROM turns
+    WHERE status IN ('queued', 'running') AND lease_owner IS NOT NULL
+    GROUP BY 1
+),
+receipts AS (
+    SELECT regexp_replace(received_by, ':[^:#]*(#.*)?$', '\1') AS worker,
+           count(*) AS received, max(received_at) AS last_received
+    FROM turns
+    WHERE received_by IS NOT NULL
+      AND received_at >= durable_agent_now() - make_interval(secs => :window)
+    GROUP BY 1
+)
+SELECT coalesce(c.worker, r.worker) AS worker,
+       coalesce(c.claims_held, 0) AS claims_held,
+       coalesce(c.claims_expired, 0) AS claims_expired,
+       c.lease_until, coalesce(r.received, 0) AS received, r.last_received,
+       durable_agent_now() AS now
+FROM claims AS c FULL JOIN receipts AS r ON r.worker = c.worker
+ORDER BY coalesce(c.claims_held, 0) DESC, greatest(c.lease_until, r.last_received) DESC NULLS LAST;
+
+-- name: agents_seen
+-- Each agent and digest the turns were run with (NULL: not run yet), with how many turns
+-- and the newest; latest first within an agent.
+SELECT agent, agent_digest, count(*) AS turns, max(created_at) AS newest,
+       count(*) FILTER (WHERE agent_changes IS NOT NULL) AS resumed_changed
+FROM turns
+GROUP BY agent, agent_digest
+ORDER BY agent, max(created_at) DESC;
 
 -- ---------------------------------------------------------------------------------------
 -- live turns: finished steps and ended turns are announced on the channel durable_agent

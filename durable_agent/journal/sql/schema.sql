@@ -56,6 +56,9 @@ CREATE INDEX turns_open_by_queue_idx ON turns (queue, enqueued_at)
 -- prune finds finished turns by age
 CREATE INDEX turns_finished_idx ON turns (finished_at)
     WHERE status IN ('done', 'failed', 'cancelled');
+-- the console's turn list: newest first, paged by (created_at, turn_id), also of one status
+CREATE INDEX turns_newest_idx ON turns (created_at, turn_id);
+CREATE INDEX turns_status_newest_idx ON turns (status, created_at, turn_id);
 
 -- blobs: large payloads stored once by content; journal rows keep the hash.
 CREATE TABLE blobs (
