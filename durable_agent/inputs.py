@@ -60,6 +60,13 @@ def check_timeout(value: Any) -> float:
     return float(value)
 
 
+def check_count(name: str, value: Any, high: int) -> int:
+    """A whole number from 1 to ``high`` (a limit, a batch size), or InvalidArgument."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        raise InvalidArgument(f"{name} must be a whole number from 1 to {high}")
+    return value
+
+
 def _check_encodable(name: str, value: str) -> bytes:
     try:
         return value.encode("utf-8")

@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ConfigurationError, InvalidArgument, ServiceUnavailable
-from .inputs import check_id, check_message
+from .inputs import check_count, check_id, check_message
 from .journal import (
     AgentSeen,
     Database,
@@ -266,35 +266,20 @@ class Runtime:
         Postgres reachable and migrated, the tools module importable and defining tools,
         the model endpoint configured.
         """
+        from .delivery.start_checks import check_tool_names
+
         self.require_schema()
         # a DURABLE_AGENT_UNCERTAIN_CALLBACK that cannot be imported stops here
         self.uncertain_hooks()
         worker = self.turn_worker()
         self.agents  # noqa: B018 (a bad agent definition fails the start)
-        self._check_tool_names(worker.faults.armed)
+        check_tool_names(self.settings.approval_tools, worker.faults.armed, self.tools, self.agents)
         if not len(self.tools):
             where = ", ".join(self.settings.tool_modules) or "(DURABLE_AGENT_TOOLS is empty)"
             raise ConfigurationError(
                 f"no tools: the tools module(s) {where} define no @tool; "
                 "set DURABLE_AGENT_TOOLS to the module(s) that define your tools"
             )
-
-    def _check_tool_names(self, crash_at: tuple[int | str, str] | None) -> None:
-        """Names of tools in the settings that this worker does not have fail the start: a
-        typo in DURABLE_AGENT_APPROVAL_REQUIRED would let the tool it meant run unasked, one
-        in CRASH_AT would never fire."""
-        from .step.faults import check_tools
-
-        known = set(self.tools.names())
-        for agent in self.agents:
-            known.update(t.name for t in agent.tools)
-        unknown = sorted(self.settings.approval_tools - known)
-        if unknown:
-            raise ConfigurationError(
-                f"DURABLE_AGENT_APPROVAL_REQUIRED names no tool of this worker: "
-                f"{', '.join(unknown)} (its tools: {', '.join(sorted(known)) or 'none'})"
-            )
-        check_tools(crash_at, known)  # type: ignore[arg-type]
 
     # -- the client -----------------------------------------------------------------------
 
@@ -379,8 +364,7 @@ class Runtime:
         each with its spend ledger."""
         if session_id is not None:
             check_id("session_id", session_id)
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
-            raise InvalidArgument(f"limit must be a whole number from 1 to {MAX_LIST}")
+        check_count("limit", limit, MAX_LIST)
         return self.with_spend(self.journal.list_turns(session_id, limit=limit))
 
     def find_turns(
@@ -393,8 +377,7 @@ class Runtime:
         """The turns that match ``turn_filter``, newest first, at most ``limit``; the next
         page starts ``before`` the last one's ``(created_at, turn_id)`` (keyset paging:
         every page costs the same). Without their spend ledgers (see ``with_spend``)."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
-            raise InvalidArgument(f"limit must be a whole number from 1 to {MAX_LIST}")
+        check_count("limit", limit, MAX_LIST)
         return self.journal.find_turns(turn_filter or TurnFilter(), before=before, limit=limit)
 
     def workers(self, window_seconds: float = 3600.0) -> list[WorkerSeen]:
@@ -421,8 +404,7 @@ class Runtime:
         of the turns created since ``since`` if given: model calls and tokens, crash waste
         and what the journal saved (``by``: ``"turn"``, ``"agent"`` or ``"day"``)."""
         check_grouping(by)
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST:
-            raise InvalidArgument(f"limit must be a whole number from 1 to {MAX_LIST}")
+        check_count("limit", limit, MAX_LIST)
         if since is not None and (not isinstance(since, datetime) or since.tzinfo is None):
             raise InvalidArgument("since must be a datetime with a time zone")
         return spend_report(

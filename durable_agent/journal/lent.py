@@ -19,7 +19,7 @@ from psycopg.pq import TransactionStatus
 from ..errors import ConfigurationError, InvalidArgument
 from .db import on_connection
 from .records import Turn
-from .store import new_turn_id, submitted_again
+from .turn_ids import new_turn_id, submitted_again
 
 SAVEPOINT = "durable_agent_start_turn"
 _PLACES = 20

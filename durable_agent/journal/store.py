@@ -8,41 +8,25 @@ at the same (turn, step) is rejected by the primary key.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
-from ..errors import InvalidArgument, LeaseLost, ServiceUnavailable, TurnCancelled, TurnNotFound
+from ..errors import LeaseLost, ServiceUnavailable, TurnCancelled, TurnNotFound
 from .codec import digest, dumps
 from .db import Database
 from .listings import Listings
 from .notify import announce
 from .operator_store import OperatorStore
 from .records import EncodedOutcome, Kind, Replay, Step, Turn
+from .turn_ids import new_turn_id, submitted_again
 
 log = logging.getLogger(__name__)
 
 WaitForPostgres = Callable[[ServiceUnavailable], None]
 """Blocks until Postgres answers again (given the error that found it unreachable)."""
-
-
-def new_turn_id() -> str:
-    return "turn_" + uuid.uuid4().hex
-
-
-def submitted_again(
-    existing: Turn, session_id: str, message: str, agent: str, error: Exception
-) -> Turn:
-    """The turn a retried start names by its id, if it is the same turn; else InvalidArgument."""
-    if (existing.session_id, existing.message, existing.agent) != (session_id, message, agent):
-        raise InvalidArgument(
-            f"turn id {existing.turn_id!r} is already used by a turn with another "
-            "session, message or agent"
-        ) from error
-    return existing
 
 
 class JournalStore(Listings):

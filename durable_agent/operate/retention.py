@@ -13,6 +13,7 @@ import logging
 import re
 
 from ..errors import InvalidArgument
+from ..inputs import check_count
 from ..journal import OperatorStore, PruneCount
 
 log = logging.getLogger(__name__)
@@ -50,8 +51,7 @@ def prune(
         raise InvalidArgument("older_than_seconds must be a number of seconds")
     if not 0 < older_than_seconds < float("inf"):
         raise InvalidArgument("older_than_seconds must be more than 0")
-    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 10_000:
-        raise InvalidArgument("batch must be a whole number from 1 to 10000")
+    check_count("batch", batch, 10_000)
     preview = store.prune_preview(older_than_seconds)
     if dry_run:
         return preview

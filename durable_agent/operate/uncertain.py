@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from ..errors import InvalidArgument
-from ..inputs import check_id
+from ..inputs import check_count, check_id
 from ..journal import JournalStore, OperatorStore, Row, Step
 from .cancel import check_by, check_note
 
@@ -112,8 +112,7 @@ def list_uncertain(
         journal.get_turn(turn_id)  # TurnNotFound: an unknown turn is not an empty inbox
     if agent is not None:
         check_id("agent", agent)
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
-        raise InvalidArgument("limit must be a whole number from 1 to 10000")
+    check_count("limit", limit, 10_000)
     if since is not None and (not isinstance(since, datetime) or since.tzinfo is None):
         raise InvalidArgument("since must be a timezone-aware datetime")
     rows = store.uncertain_effects(
