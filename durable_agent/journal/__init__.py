@@ -2,7 +2,8 @@
 
 Turns, their steps and blobs (``store``: ``JournalStore``, ``ClaimedJournal``), claims
 (``leases``), what operators record (``operator_store``: cancellations, approvals,
-resolutions, pruning), announcements (``notify``), fleet-wide passes under an advisory lock
+resolutions, pruning), parked turns, events and child turns (``waits``),
+announcements (``notify``), fleet-wide passes under an advisory lock
 (``passes``), the spend ledger's records (``ledger``), migrations, and the SQL itself
 (``sql/``, read by ``queries`` alone). Every query is one method of a store; the modules
 above import what they need from here, not from the submodules.
@@ -21,7 +22,7 @@ from .migrations import (
     migrate,
     require_current,
 )
-from .notify import announce, listen
+from .notify import announce, listen, listen_wakes
 from .operator_store import Approval, Cancellation, OperatorStore, PruneCount
 from .protocol import TurnJournal
 from .queries import Migration, Query, parse_queries
@@ -40,16 +41,19 @@ from .records import (
     WorkerSeen,
 )
 from .store import ClaimedJournal, JournalStore
+from .waits import Child, Event, Recorded, Wait, WaitKind, WaitStore
 
 __all__ = [
     "MAX_DEPTH",
     "AgentSeen",
     "Approval",
     "Cancellation",
+    "Child",
     "Claim",
     "ClaimedJournal",
     "Database",
     "Ended",
+    "Event",
     "JournalStore",
     "Kind",
     "Leases",
@@ -59,6 +63,7 @@ __all__ = [
     "Price",
     "PruneCount",
     "Query",
+    "Recorded",
     "Refusal",
     "Replay",
     "Row",
@@ -70,6 +75,9 @@ __all__ = [
     "TurnFilter",
     "TurnJournal",
     "TurnStatus",
+    "Wait",
+    "WaitKind",
+    "WaitStore",
     "WorkerSeen",
     "announce",
     "apply_missing",
@@ -82,6 +90,7 @@ __all__ = [
     "jsonb_order",
     "latest_version",
     "listen",
+    "listen_wakes",
     "migrate",
     "on_connection",
     "parse_prices",

@@ -39,6 +39,7 @@ from ..errors import ConfigurationError, InvalidArgument
 from ..journal import digest
 from .loop import Loop, ModelCall, TurnContext, TurnInput, loop_name
 from .tools import Tool, ToolRegistry
+from .waits import agent_tool
 
 if TYPE_CHECKING:
     from ..journal import Turn
@@ -65,7 +66,7 @@ class Agent:
         model: The model name sent to Chat Completions.
         instructions: The system prompt.
         tools: The tools it may call, as ``Tool`` objects or names (a subset of the
-            registry).
+            registry); an ``Agent`` here is a tool that asks that agent (a child turn).
         queue: The Celery queue its turns are sent to.
         max_steps: Step cap of its turns.
         parameters: Model parameters sent with every request, e.g. ``{"temperature": 0}``.
@@ -76,7 +77,7 @@ class Agent:
     name: str
     model: str | None = None
     instructions: str | None = None
-    tools: Sequence[Tool | str] | None = None
+    tools: Sequence[Tool | str | Agent] | None = None
     queue: str | None = None
     max_steps: int | None = None
     parameters: Mapping[str, Any] = field(default_factory=dict)
@@ -102,9 +103,11 @@ class Agent:
             raise ConfigurationError(f"{where}: max_steps must be a whole number from 1 to 100000")
         if self.tools is not None:
             if isinstance(self.tools, str | Tool) or not all(
-                isinstance(t, str | Tool) for t in self.tools
+                isinstance(t, str | Tool | Agent) for t in self.tools
             ):
-                raise ConfigurationError(f"{where}: tools must be a list of tools or tool names")
+                raise ConfigurationError(
+                    f"{where}: tools must be a list of tools, tool names or agents"
+                )
             object.__setattr__(self, "tools", tuple(self.tools))
         reserved = _RESERVED_PARAMETERS & set(self.parameters)
         if reserved:
@@ -282,6 +285,9 @@ def bind(
     else:
         chosen: list[Tool] = []
         for item in agent.tools:
+            if isinstance(item, Agent):  # another agent, asked through a child turn
+                chosen.append(agent_tool(item))
+                continue
             name = item if isinstance(item, str) else item.name
             found = registry.get(name)
             if found is None and isinstance(item, Tool):

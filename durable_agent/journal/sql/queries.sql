@@ -357,6 +357,8 @@ SELECT pg_try_advisory_xact_lock(:key);
 
 -- name: due_turns
 -- Open turns that have no live message, each once, with the reason:
+--   woken                a parked turn woke and has not been sent since (a woken turn is
+--                        sent at once by whoever woke it; this is the fallback)
 --   never enqueued       recorded, never sent (after a grace period)
 --   claim expired        its holder's lease ran out (once per expiry)
 --   deferral due         given back after a model outage, and now due (once)
@@ -405,6 +407,8 @@ probes AS MATERIALIZED (
 due AS (
     SELECT c.session_id, c.seq, c.turn_id, c.queue, c.created_at,
            CASE
+             WHEN c.enqueued_at IS NULL AND c.lease_owner IS NULL AND c.lease_epoch > 0
+               THEN 'woken'
              WHEN c.enqueued_at IS NULL
                   AND c.created_at <= durable_agent_now() - make_interval(secs => :grace)
                THEN 'never enqueued'
@@ -658,9 +662,10 @@ ORDER BY a.requested_at, a.turn_id, a.step
 LIMIT :limit;
 
 -- name: park_for_approval
--- The claim's holder parks the turn at a tool call that needs approval: the call is
--- recorded as pending and the turn waits with no claim, no lease and no message, until a
--- decision sends it again. Fenced by the epoch; a cancelled turn does not park.
+-- The claim's holder parks the turn at a tool call that needs approval (the park mechanism
+-- of park_turn, kind 'approval'): the call is recorded as pending and the turn waits with
+-- no claim, no lease and no message, until a decision sends it again. Fenced by the epoch;
+-- a cancelled turn does not park.
 WITH parked AS (
     UPDATE turns
     SET status = 'waiting', lease_owner = NULL, lease_expires_at = NULL,
@@ -675,12 +680,19 @@ asked AS (
            durable_agent_now()
     FROM parked
     ON CONFLICT (turn_id, step) DO NOTHING
+),
+waiting AS (
+    INSERT INTO waits (turn_id, step, kind, name, wake_at, parked_at)
+    SELECT turn_id, :step, 'approval', :tool, NULL, durable_agent_now() FROM parked
+    ON CONFLICT (turn_id) DO UPDATE
+        SET step = excluded.step, kind = excluded.kind, name = excluded.name,
+            wake_at = NULL, parked_at = excluded.parked_at
 )
 SELECT turn_id FROM parked;
 
 -- name: decide_approval
--- Approve or deny a pending call of a waiting turn, once; the turn is queued again (the
--- caller sends it). Nothing changes unless the call is pending and the turn waiting.
+-- Approve or deny a pending call of a waiting turn, once; the turn wakes (queued, its wait
+-- gone; the caller sends it). Nothing changes unless the call is pending and the turn waiting.
 WITH decided AS (
     UPDATE approvals
     SET decision = :decision, reason = :reason, decided_by = :decided_by,
@@ -688,11 +700,192 @@ WITH decided AS (
     WHERE turn_id = :turn_id AND step = :step AND decision IS NULL
       AND EXISTS (SELECT 1 FROM turns WHERE turn_id = :turn_id AND status = 'waiting')
     RETURNING turn_id
+),
+unparked AS (
+    DELETE FROM waits AS w USING decided WHERE w.turn_id = decided.turn_id
 )
-UPDATE turns AS t SET status = 'queued', updated_at = durable_agent_now()
+UPDATE turns AS t
+SET status = 'queued', enqueued_at = NULL, message_id = NULL, updated_at = durable_agent_now()
 FROM decided
 WHERE t.turn_id = decided.turn_id AND t.status = 'waiting'
 RETURNING t.session_id, t.turn_id, t.queue;
+
+-- ---------------------------------------------------------------------------------------
+-- parked turns: sleeps, events, child agents (journal/waits.py). A parked turn is
+-- `waiting`, with no claim, no lease and no message; `waits` says why and until when.
+-- ---------------------------------------------------------------------------------------
+
+-- name: park_turn
+-- The claim's holder parks the turn at a wait step: unless what it waits for is there
+-- already (durable_agent_wait_met, asked again with a fresh snapshot when a waker updated
+-- the row meanwhile) or its due time has passed; fenced by the epoch; a cancelled turn does
+-- not park. Waits for the WAL flush, which takes every earlier write of the turn with it.
+WITH parked AS (
+    UPDATE turns
+    SET status = 'waiting', lease_owner = NULL, lease_expires_at = NULL,
+        enqueued_at = NULL, message_id = NULL, updated_at = durable_agent_now()
+    WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running'
+      AND NOT EXISTS (SELECT 1 FROM cancellations AS c WHERE c.turn_id = :turn_id)
+      AND (CAST(:wake_at AS timestamptz) IS NULL
+           OR CAST(:wake_at AS timestamptz) > durable_agent_now())
+      AND NOT durable_agent_wait_met(turn_id, :kind, :name)
+    RETURNING turn_id
+)
+INSERT INTO waits (turn_id, step, kind, name, wake_at, parked_at)
+SELECT turn_id, :step, :kind, :name, CAST(:wake_at AS timestamptz), durable_agent_now()
+FROM parked
+ON CONFLICT (turn_id) DO UPDATE
+    SET step = excluded.step, kind = excluded.kind, name = excluded.name,
+        wake_at = excluded.wake_at, parked_at = excluded.parked_at
+RETURNING turn_id;
+
+-- name: wake_due
+-- The sweeper wakes parked turns whose due time passed, and (should a waker have died
+-- between its write and the wake) those whose event or child is there: queued, no message.
+WITH due AS (
+    SELECT w.turn_id FROM waits AS w
+    WHERE (w.wake_at <= durable_agent_now()
+           OR (w.kind IN ('event', 'child') AND durable_agent_wait_met(w.turn_id, w.kind, w.name)))
+    ORDER BY w.wake_at NULLS LAST
+    LIMIT :batch
+    FOR UPDATE SKIP LOCKED
+),
+gone AS (
+    DELETE FROM waits AS w USING due WHERE w.turn_id = due.turn_id RETURNING w.turn_id
+)
+UPDATE turns AS t
+SET status = 'queued', enqueued_at = NULL, message_id = NULL, updated_at = durable_agent_now()
+FROM gone
+WHERE t.turn_id = gone.turn_id AND t.status = 'waiting'
+RETURNING t.turn_id;
+
+-- name: next_wake
+-- When the earliest due time of a parked turn comes (NULL: none): the sweeper's next pass.
+SELECT min(wake_at) FROM waits WHERE wake_at IS NOT NULL;
+
+-- name: claim_send
+-- A woken turn not sent yet: this process sends it (the first to ask wins; the sweeper
+-- sends it otherwise). Returns it when this caller is to publish.
+UPDATE turns
+SET enqueued_at = durable_agent_now(), message_id = :message_id
+WHERE turn_id = :turn_id AND status = 'queued' AND enqueued_at IS NULL
+RETURNING session_id, turn_id, queue;
+
+-- name: record_event
+-- An event for an open turn, kept until a wait of that name consumes it; the same
+-- (turn, event_id) again changes nothing. The turn row is updated (to itself) first, so
+-- that a park running now sees the event or is woken after it (see durable_agent_wake).
+-- Returns the turn's status (no row: no such turn) and whether the event is new.
+WITH target AS (
+    UPDATE turns SET updated_at = updated_at WHERE turn_id = :turn_id
+    RETURNING turn_id, status
+),
+sent AS (
+    INSERT INTO events (turn_id, event_id, name, payload, sent_at)
+    SELECT turn_id, :event_id, :name, CAST(:payload AS jsonb), durable_agent_now()
+    FROM target WHERE status IN ('queued', 'running', 'waiting')
+    ON CONFLICT (turn_id, event_id) DO NOTHING
+    RETURNING turn_id
+)
+SELECT t.status, EXISTS (SELECT 1 FROM sent) AS recorded,
+       (SELECT e.name FROM events AS e
+        WHERE e.turn_id = :turn_id AND e.event_id = :event_id) AS recorded_name
+FROM target AS t;
+
+-- name: wake
+-- Wake the turn if it is parked for (kind, name) (see durable_agent_wake).
+SELECT durable_agent_wake(:turn_id, :kind, :name) AS woke;
+
+-- name: consume_event
+-- The event a wait at :step consumed: the one it took before (a redelivered turn), or the
+-- oldest unconsumed one of that name, taken now, once. Fenced by the claim's epoch.
+WITH fence AS (
+    SELECT turn_id FROM turns
+    WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running'
+    FOR SHARE
+),
+mine AS (
+    SELECT e.event_id, e.name, e.payload, e.sent_at FROM events AS e
+    WHERE e.turn_id = :turn_id AND e.consumed_step = :step
+),
+oldest AS (
+    SELECT e.event_id FROM events AS e, fence
+    WHERE e.turn_id = fence.turn_id AND e.name = :name AND e.consumed_step IS NULL
+      AND NOT EXISTS (SELECT 1 FROM mine)
+    ORDER BY e.sent_at, e.event_id
+    LIMIT 1
+    FOR UPDATE OF e
+),
+taken AS (
+    UPDATE events AS e SET consumed_step = :step, consumed_at = durable_agent_now()
+    FROM oldest
+    WHERE e.turn_id = :turn_id AND e.event_id = oldest.event_id
+    RETURNING e.event_id, e.name, e.payload, e.sent_at
+)
+SELECT event_id, name, payload, sent_at FROM mine
+UNION ALL
+SELECT event_id, name, payload, sent_at FROM taken;
+
+-- name: list_events
+-- The events sent to a turn, oldest first, with the step that consumed each (NULL: none
+-- yet) and the turn's status (an unconsumed event of an ended turn was never read).
+SELECT e.turn_id, e.event_id, e.name, e.payload, e.sent_at, e.consumed_step, e.consumed_at,
+       t.status AS turn_status
+FROM events AS e JOIN turns AS t ON t.turn_id = e.turn_id
+WHERE e.turn_id = :turn_id
+ORDER BY e.sent_at, e.event_id
+LIMIT :limit;
+
+-- name: list_waits
+-- What the chosen parked turns wait for, and until when.
+SELECT turn_id, step, kind, name, wake_at, parked_at FROM waits
+WHERE turn_id = ANY(CAST(:turn_ids AS text[]));
+
+-- name: turn_depth
+-- How deep a turn is among child agents (0: started by an application).
+SELECT coalesce((SELECT depth FROM child_turns WHERE turn_id = :turn_id), 0);
+
+-- name: create_child
+-- The child turn a wait step starts, under the id derived from the parent's (turn, step):
+-- created once (a redelivered parent finds it), linked to the parent, fenced by the
+-- parent's claim. Returns whether the parent's claim held, and the child's status.
+WITH fence AS (
+    SELECT turn_id FROM turns
+    WHERE turn_id = :parent_turn_id AND lease_epoch = :epoch AND status = 'running'
+      AND NOT EXISTS (SELECT 1 FROM cancellations AS c WHERE c.turn_id = :parent_turn_id)
+    FOR SHARE
+),
+created AS (
+    INSERT INTO turns (turn_id, session_id, seq, message, queue, agent, created_at, updated_at)
+    SELECT :turn_id, :turn_id, 0, :message, :queue, :agent, durable_agent_now(),
+           durable_agent_now()
+    FROM fence
+    ON CONFLICT DO NOTHING
+    RETURNING turn_id
+),
+linked AS (
+    INSERT INTO child_turns (turn_id, parent_turn_id, parent_step, depth)
+    SELECT turn_id, :parent_turn_id, :parent_step, :depth FROM created
+    RETURNING turn_id
+)
+SELECT EXISTS (SELECT 1 FROM fence) AS held, EXISTS (SELECT 1 FROM linked) AS created;
+
+-- name: open_children
+-- The open child turns of a turn (a cancel of the parent cancels them too).
+SELECT c.turn_id FROM child_turns AS c JOIN turns AS t ON t.turn_id = c.turn_id
+WHERE c.parent_turn_id = :turn_id AND t.status IN ('queued', 'running', 'waiting')
+ORDER BY c.parent_step;
+
+-- name: children_of
+-- The child turns of the chosen turns, with the step that started each and their depth.
+SELECT c.turn_id, c.parent_turn_id, c.parent_step, c.depth, t.agent, t.status
+FROM child_turns AS c JOIN turns AS t ON t.turn_id = c.turn_id
+WHERE c.parent_turn_id = ANY(CAST(:turn_ids AS text[]))
+ORDER BY c.parent_turn_id, c.parent_step;
+
+-- name: parent_of
+-- The parent of a child turn (no row: none).
+SELECT parent_turn_id, parent_step, depth FROM child_turns WHERE turn_id = :turn_id;
 
 -- ---------------------------------------------------------------------------------------
 -- the spend ledger
@@ -820,6 +1013,11 @@ ORDER BY agent, max(created_at) DESC;
 -- name: listen_turns
 -- On a connection of its own, kept open: be told of every announcement.
 LISTEN durable_agent;
+
+-- name: listen_wakes
+-- On a connection of its own, kept open: be told of every parked turn that woke
+-- (`durable_agent_wake`, payload: the turn id), to send it at once.
+LISTEN durable_agent_wake;
 
 -- name: announce
 -- Announce a durable write after it committed (`step <n> <turn_id>`, `turn <status>

@@ -1,0 +1,109 @@
+-- durable-agent schema, version 12: turns that wait (for a decision, for time, for an event,
+-- for a child agent) on one park mechanism. A parked turn is `waiting` with no claim, no
+-- lease and no message; `waits` says why and until when; the write that satisfies the wait
+-- (a decision, an event, the end of a child) or the sweeper (a due time) wakes it.
+ALTER TABLE journal DROP CONSTRAINT journal_kind_check;
+ALTER TABLE journal ADD CONSTRAINT journal_kind_check CHECK (kind IN ('model', 'tool', 'wait'));
+
+-- waits: the one open wait of a parked turn (deleted when it wakes).
+CREATE TABLE waits (
+    turn_id   text PRIMARY KEY REFERENCES turns (turn_id) ON DELETE CASCADE,
+    step      integer NOT NULL,
+    kind      text NOT NULL CHECK (kind IN ('approval', 'sleep', 'event', 'child')),
+    name      text NOT NULL,
+    wake_at   timestamptz,
+    parked_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON COLUMN waits.name IS 'what it waits for: the tool (approval), the event name, the child turn id ('''' for a sleep)';
+COMMENT ON COLUMN waits.wake_at IS 'when the sweeper wakes it if nothing else did (NULL: never)';
+CREATE INDEX waits_wake_idx ON waits (wake_at) WHERE wake_at IS NOT NULL;
+
+-- events: sent to a turn by name, kept until a wait of that name consumes one (once).
+CREATE TABLE events (
+    turn_id       text NOT NULL REFERENCES turns (turn_id) ON DELETE CASCADE,
+    event_id      text NOT NULL,
+    name          text NOT NULL,
+    payload       jsonb NOT NULL,
+    sent_at       timestamptz NOT NULL DEFAULT now(),
+    consumed_step integer,
+    consumed_at   timestamptz,
+    PRIMARY KEY (turn_id, event_id)
+);
+CREATE INDEX events_pending_idx ON events (turn_id, name, sent_at) WHERE consumed_step IS NULL;
+CREATE UNIQUE INDEX events_consumed_idx ON events (turn_id, consumed_step)
+    WHERE consumed_step IS NOT NULL;
+
+-- child_turns: a turn started by a step of another turn (ctx.run_agent, an agent as a tool).
+CREATE TABLE child_turns (
+    turn_id        text PRIMARY KEY REFERENCES turns (turn_id) ON DELETE CASCADE,
+    parent_turn_id text NOT NULL REFERENCES turns (turn_id) ON DELETE CASCADE,
+    parent_step    integer NOT NULL,
+    depth          integer NOT NULL CHECK (depth >= 1),
+    CONSTRAINT child_turns_parent_step_key UNIQUE (parent_turn_id, parent_step)
+);
+
+-- Whether what a turn would wait for is there already (an unconsumed event of that name, a
+-- child that ended). VOLATILE and PL/pgSQL: a park re-checked after a waker's update of the
+-- turn row asks again with a fresh snapshot and sees what the waker committed.
+CREATE FUNCTION durable_agent_wait_met(p_turn_id text, p_kind text, p_name text)
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+        BEGIN
+            IF p_kind = 'event' THEN
+                RETURN EXISTS (SELECT 1 FROM events AS e
+                               WHERE e.turn_id = p_turn_id AND e.name = p_name
+                                 AND e.consumed_step IS NULL);
+            ELSIF p_kind = 'child' THEN
+                RETURN EXISTS (SELECT 1 FROM turns AS t
+                               WHERE t.turn_id = p_name
+                                 AND t.status IN ('done', 'failed', 'cancelled'));
+            END IF;
+            RETURN false;
+        END
+    $$;
+
+-- Wake a turn parked for (kind, name): its wait is deleted, it is queued with no message,
+-- and `wake <turn_id>` goes to the channel durable_agent_wake (a worker's waker sends it).
+-- The turn row is updated first whatever its state, so that a park running at the same time
+-- either waits for this write and then sees what satisfies it (durable_agent_wait_met), or
+-- committed first and is woken here. True when it woke the turn.
+CREATE FUNCTION durable_agent_wake(p_turn_id text, p_kind text, p_name text) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+        BEGIN
+            UPDATE turns SET updated_at = updated_at WHERE turn_id = p_turn_id;
+            DELETE FROM waits AS w
+            WHERE w.turn_id = p_turn_id AND w.kind = p_kind AND w.name = p_name;
+            IF NOT FOUND THEN
+                RETURN false;
+            END IF;
+            UPDATE turns
+            SET status = 'queued', enqueued_at = NULL, message_id = NULL,
+                updated_at = durable_agent_now()
+            WHERE turn_id = p_turn_id AND status = 'waiting';
+            PERFORM pg_notify('durable_agent_wake', p_turn_id);
+            RETURN true;
+        END
+    $$;
+
+-- The end of a child turn wakes its parent (in the transaction that ends the child).
+CREATE FUNCTION durable_agent_child_ended() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+        DECLARE
+            parent text;
+        BEGIN
+            SELECT c.parent_turn_id INTO parent FROM child_turns AS c
+            WHERE c.turn_id = NEW.turn_id;
+            IF parent IS NOT NULL THEN
+                PERFORM durable_agent_wake(parent, 'child', NEW.turn_id);
+            END IF;
+            RETURN NULL;
+        END
+    $$;
+
+CREATE TRIGGER turns_child_ended AFTER UPDATE OF status ON turns
+    FOR EACH ROW
+    WHEN (NEW.status IN ('done', 'failed', 'cancelled') AND OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION durable_agent_child_ended();

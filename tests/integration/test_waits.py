@@ -1,0 +1,206 @@
+"""Parked turns in-process on a real Postgres: sleeps, events and child agents on the one
+park mechanism. A parked turn holds no claim and no message; what wakes it is counted."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from durable_agent import EventSent, TurnEnded, TurnNotFound, send_event
+from durable_agent.delivery.turn_worker import TurnWorker
+from durable_agent.journal import WaitStore
+from durable_agent.runtime import Runtime
+from durable_agent.settings import Settings
+
+if TYPE_CHECKING:
+    from conftest import DatabaseClock
+
+
+@pytest.fixture
+def wait_settings(settings: Settings) -> Settings:
+    return settings.model_copy(update={"agents": "wait_agents", "tools": ""})
+
+
+@pytest.fixture
+def wait_runtime(wait_settings: Settings) -> Iterator[Runtime]:
+    runtime = Runtime(wait_settings)
+    yield runtime
+    runtime.close()
+
+
+@pytest.fixture
+def worker(wait_runtime: Runtime) -> TurnWorker:
+    return wait_runtime.build_turn_worker()
+
+
+@pytest.fixture
+def start(wait_runtime: Runtime) -> Callable[..., str]:
+    def start(agent: str, message: str = "hi", **kw: Any) -> str:
+        return wait_runtime.start_turn(f"s-{agent}", message, agent=agent, **kw)
+
+    return start
+
+
+def _turn(runtime: Runtime, turn_id: str) -> Any:
+    return runtime.journal.get_turn(turn_id)
+
+
+def test_a_sleeping_turn_holds_nothing_and_the_sweeper_wakes_it_once_due(
+    worker: TurnWorker, wait_runtime: Runtime, start: Callable[..., str], clock: DatabaseClock
+) -> None:
+    turn_id = start("sleeper")
+    first = worker.handle(turn_id)
+    assert first.outcome == "parked"
+    turn = _turn(wait_runtime, turn_id)
+    assert (turn.status, turn.lease_owner, turn.message_id) == ("waiting", None, None)
+    waits = WaitStore(wait_runtime.database).waits([turn_id])
+    assert waits[turn_id].kind == "sleep" and waits[turn_id].wake_at is not None
+    steps = wait_runtime.journal.load_journal(turn_id)
+    assert [(s.kind, s.name, s.status) for s in steps] == [("wait", "sleep", "intent")]
+    # a duplicate delivery while it sleeps runs nothing
+    assert worker.handle(turn_id).outcome == "refused"
+    # not due yet: a sweep sends nothing
+    assert turn_id not in [t for _, t, _ in wait_runtime.sweeper().sweep_once()]
+    clock.advance(31)
+    sent = wait_runtime.sweeper().sweep_once()
+    assert [(t, why) for _, t, why in sent] == [(turn_id, "woken")]
+    assert worker.handle(turn_id).outcome == "done"
+    turn = _turn(wait_runtime, turn_id)
+    assert turn.reply == "awake"
+    steps = wait_runtime.journal.load_journal(turn_id)
+    assert steps[0].status == "done" and steps[0].output["slept"] is True
+    assert WaitStore(wait_runtime.database).waits([turn_id]) == {}
+
+
+def test_the_due_time_is_fixed_when_the_sleep_is_first_written(
+    worker: TurnWorker, wait_runtime: Runtime, start: Callable[..., str], clock: DatabaseClock
+) -> None:
+    turn_id = start("sleeper")
+    assert worker.handle(turn_id).outcome == "parked"
+    until = wait_runtime.journal.load_journal(turn_id)[0].input["until"]
+    clock.advance(20)
+    # woken early (an operator, a stray wake): it parks again until the same due time
+    with wait_runtime.database.transaction() as tx:
+        tx.run("wake_due", batch=10)  # nothing is due yet
+    wait_runtime.database.run("wake", turn_id=turn_id, kind="sleep", name="")
+    assert worker.handle(turn_id).outcome == "parked"
+    assert wait_runtime.journal.load_journal(turn_id)[0].input["until"] == until
+    clock.advance(11)
+    wait_runtime.sweeper().sweep_once()
+    assert worker.handle(turn_id).outcome == "done"
+
+
+def test_an_event_sent_while_the_turn_waits_wakes_it_and_is_read_once(
+    worker: TurnWorker, wait_runtime: Runtime, start: Callable[..., str]
+) -> None:
+    turn_id = start("waiter")
+    assert worker.handle(turn_id).outcome == "parked"
+    sent = send_event(turn_id, "go", {"n": 1}, event_id="e1", settings=wait_runtime.settings)
+    assert isinstance(sent, EventSent) and sent.outcome == "woke"
+    turn = _turn(wait_runtime, turn_id)
+    assert turn.status == "queued" and turn.message_id is not None  # sent at once
+    again = send_event(turn_id, "go", {"n": 1}, event_id="e1", settings=wait_runtime.settings)
+    assert again.outcome == "duplicate"
+    assert worker.handle(turn_id).outcome == "done"
+    assert _turn(wait_runtime, turn_id).reply == "got {'n': 1} (e1)"
+    events = WaitStore(wait_runtime.database).events(turn_id)
+    assert [(e.event_id, e.consumed_step) for e in events] == [("e1", 0)]
+    with pytest.raises(TurnEnded):
+        send_event(turn_id, "go", {"n": 2}, event_id="e2", settings=wait_runtime.settings)
+    with pytest.raises(TurnNotFound):
+        send_event("nope", "go", settings=wait_runtime.settings)
+
+
+def test_an_event_sent_before_the_wait_is_kept_and_each_is_read_by_one_wait(
+    worker: TurnWorker, wait_runtime: Runtime, start: Callable[..., str]
+) -> None:
+    turn_id = start("twice")
+    s = wait_runtime.settings
+    assert send_event(turn_id, "go", "a", event_id="a", settings=s).outcome == "kept"
+    assert send_event(turn_id, "other", "x", event_id="x", settings=s).outcome == "kept"
+    # the first wait reads "a" without parking; the second parks
+    assert worker.handle(turn_id).outcome == "parked"
+    assert send_event(turn_id, "go", "b", event_id="b", settings=s).outcome == "woke"
+    assert worker.handle(turn_id).outcome == "done"
+    assert _turn(wait_runtime, turn_id).reply == "a then b"
+    states = {e.event_id: e.state for e in WaitStore(wait_runtime.database).events(turn_id)}
+    assert states == {
+        "a": "consumed at step 0",
+        "b": "consumed at step 1",
+        "x": "never read: the turn ended (done)",
+    }
+
+
+def test_an_event_wait_times_out(
+    worker: TurnWorker, wait_runtime: Runtime, start: Callable[..., str], clock: DatabaseClock
+) -> None:
+    turn_id = start("waiter")
+    assert worker.handle(turn_id).outcome == "parked"
+    clock.advance(31)
+    wait_runtime.sweeper().sweep_once()
+    assert worker.handle(turn_id).outcome == "done"
+    assert _turn(wait_runtime, turn_id).reply == "timed out"
+
+
+def test_a_child_agent_runs_and_its_end_wakes_the_parent(
+    worker: TurnWorker, wait_runtime: Runtime, start: Callable[..., str]
+) -> None:
+    parent = start("delegator", "ping")
+    first = worker.handle(parent)
+    assert first.outcome == "parked" and first.follow_up is not None
+    _, child, _ = first.follow_up
+    assert WaitStore(wait_runtime.database).parent_of(child).parent_turn_id == parent
+    assert worker.handle(child).outcome == "done"
+    # the child's end woke the parent in its own transaction
+    assert _turn(wait_runtime, parent).status == "queued"
+    assert worker.handle(parent).outcome == "done"
+    assert _turn(wait_runtime, parent).reply == "child said echo: ping"
+
+
+def test_a_failed_child_gives_the_parent_an_error_it_can_act_on(
+    worker: TurnWorker, wait_runtime: Runtime, start: Callable[..., str]
+) -> None:
+    parent = start("delegator", "fail now")
+    first = worker.handle(parent)
+    _, child, _ = first.follow_up or ("", "", "")
+    assert worker.handle(child).outcome == "failed"
+    assert worker.handle(parent).outcome == "done"
+    assert _turn(wait_runtime, parent).reply.startswith("child failed: Error: agent echo")
+
+
+def test_children_nest_up_to_the_depth_limit(
+    wait_settings: Settings, start: Callable[..., str]
+) -> None:
+    runtime = Runtime(wait_settings.model_copy(update={"max_child_depth": 2}))
+    try:
+        worker = runtime.build_turn_worker()
+        top = runtime.start_turn("nest", "5", agent="nester")
+        pending = [top]
+        for _ in range(20):
+            if not pending:
+                break
+            turn_id = pending.pop()
+            delivery = worker.handle(turn_id)
+            if delivery.follow_up:
+                pending.append(turn_id)
+                pending.append(delivery.follow_up[1])
+        reply = runtime.journal.get_turn(top).reply
+        assert reply is not None and reply.startswith("5/4/stopped at 3")
+        assert "nest at most 2 deep" in reply
+    finally:
+        runtime.close()
+
+
+def test_cancelling_a_parked_parent_cancels_its_open_child(
+    worker: TurnWorker, wait_runtime: Runtime, start: Callable[..., str]
+) -> None:
+    from durable_agent import cancel_turn
+
+    parent = start("delegator", "ping")
+    _, child, _ = worker.handle(parent).follow_up or ("", "", "")
+    result = cancel_turn(parent, "no longer needed", settings=wait_runtime.settings)
+    assert result.cancelled
+    assert _turn(wait_runtime, child).status == "cancelled"
+    assert "parent turn" in (_turn(wait_runtime, child).error or "")
