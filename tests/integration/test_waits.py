@@ -204,3 +204,65 @@ def test_cancelling_a_parked_parent_cancels_its_open_child(
     assert result.cancelled
     assert _turn(wait_runtime, child).status == "cancelled"
     assert "parent turn" in (_turn(wait_runtime, child).error or "")
+
+
+def test_prune_keeps_a_finished_child_while_its_parent_is_open(
+    worker: TurnWorker, wait_runtime: Runtime, start: Callable[..., str], clock: DatabaseClock
+) -> None:
+    from durable_agent import prune
+
+    parent = start("delegator", "ping")
+    _, child, _ = worker.handle(parent).follow_up or ("", "", "")
+    assert worker.handle(child).outcome == "done"
+    clock.advance(2 * 86_400)
+    assert prune("1d", settings=wait_runtime.settings).turns == 0  # the parent still needs it
+    assert worker.handle(parent).outcome == "done"
+    clock.advance(2 * 86_400)
+    assert prune("1d", settings=wait_runtime.settings).turns == 2
+
+
+def test_the_cli_sends_events_lists_them_and_shows_what_parked_turns_wait_for(
+    worker: TurnWorker, wait_settings: Settings, start: Callable[..., str]
+) -> None:
+    import json
+
+    from inprocess import run_cli
+
+    turn_id = start("waiter")
+    assert worker.handle(turn_id).outcome == "parked"
+    listed = run_cli(wait_settings, "turns", "--json")
+    assert listed.returncode == 0, listed.stderr
+    row = next(r for r in json.loads(listed.stdout) if r["turn_id"] == turn_id)
+    assert row["waits_for"]["kind"] == "event" and row["waits_for"]["name"] == "go"
+    table = run_cli(wait_settings, "turns", "--limit", "5", COLUMNS="200")
+    assert "waits for event 'go'" in " ".join(table.stdout.split())
+    bad = run_cli(wait_settings, "send-event", turn_id, "go", "{not json")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not JSON" in bad.stderr
+    sent = run_cli(wait_settings, "send-event", turn_id, "go", '{"ok": true}', "--event-id", "x1")
+    assert sent.returncode == 0 and "woke turn" in sent.stdout, sent.stderr
+    again = run_cli(wait_settings, "send-event", turn_id, "go", "{}", "--event-id", "x1")
+    assert again.returncode == 0 and "nothing changed" in again.stdout
+    assert worker.handle(turn_id).outcome == "done"
+    ended = run_cli(wait_settings, "send-event", turn_id, "go", "{}", "--event-id", "x2")
+    assert ended.returncode == 1 and "has ended (done)" in ended.stderr
+    missing = run_cli(wait_settings, "send-event", "no-such-turn", "go")
+    assert missing.returncode == 4
+    events = run_cli(wait_settings, "events", turn_id, "--json")
+    assert [e["state"] for e in json.loads(events.stdout)] == ["consumed at step 0"]
+
+
+def test_spend_of_a_turn_rolls_its_children_up(
+    worker: TurnWorker, wait_settings: Settings, start: Callable[..., str]
+) -> None:
+    import json
+
+    from inprocess import run_cli
+
+    parent = start("delegator", "ping")
+    _, child, _ = worker.handle(parent).follow_up or ("", "", "")
+    worker.handle(child)
+    worker.handle(parent)
+    result = run_cli(wait_settings, "spend", "--turn", parent, "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert [r["turn"] for r in rows] == [parent, f"child {child} (echo, step 0)", "total"]

@@ -509,8 +509,9 @@ LEFT JOIN LATERAL durable_agent_next_open(ended.session_id, ended.seq) AS next O
 
 -- name: prune_preview
 -- What prune would delete: finished turns older than the cutoff whose session has no open
--- turn and that have no unresolved uncertain effect; and the old finished turns it keeps:
--- those of a session with an open turn (kept_open), the others for their unresolved
+-- turn, that are no child of an open turn (its wait step reads the child's reply) and that
+-- have no unresolved uncertain effect; and the old finished turns it keeps: those of a
+-- session with an open turn or of an open parent (kept_open), the others for their unresolved
 -- uncertain effects (kept).
 WITH old AS (
     SELECT t.turn_id,
@@ -522,6 +523,10 @@ WITH old AS (
              AS unresolved,
            EXISTS (SELECT 1 FROM turns AS o WHERE o.session_id = t.session_id
                    AND o.status IN ('queued', 'running', 'waiting'))
+           OR EXISTS (SELECT 1 FROM child_turns AS c
+                      JOIN turns AS p ON p.turn_id = c.parent_turn_id
+                      WHERE c.turn_id = t.turn_id
+                        AND p.status IN ('queued', 'running', 'waiting'))
              AS open_session
     FROM turns AS t
     WHERE t.status IN ('done', 'failed', 'cancelled')
@@ -544,6 +549,10 @@ WITH doomed AS (
       AND t.finished_at < durable_agent_now() - make_interval(secs => :older_than)
       AND NOT EXISTS (SELECT 1 FROM turns AS o WHERE o.session_id = t.session_id
                       AND o.status IN ('queued', 'running', 'waiting'))
+      AND NOT EXISTS (SELECT 1 FROM child_turns AS c
+                      JOIN turns AS p ON p.turn_id = c.parent_turn_id
+                      WHERE c.turn_id = t.turn_id
+                        AND p.status IN ('queued', 'running', 'waiting'))
       AND NOT EXISTS (SELECT 1 FROM journal AS j
                       WHERE j.turn_id = t.turn_id AND j.replay = 'never'
                         AND (j.status = 'intent' OR j.output @> '{"uncertain": true}')
