@@ -4,7 +4,8 @@ with ``DURABLE_AGENT_TOOLS=durable_agent_examples.email_tools``).
 * ``reminder``: the built-in loop with the ``wait_seconds`` tool: the model decides to wait
   ("remind them in 10 minutes"), the turn sleeps parked, then it emails the reminder.
 * ``checkout``: a loop of its own that waits for the event ``payment_settled`` (at most
-  ``timeout`` seconds, a parameter) and emails the receipt, or says the payment never came.
+  an hour, or ``CHECKOUT_SETTLE_SECONDS``) and emails the receipt, or says the payment
+  never came.
 * ``support`` delegates to ``research`` (an agent given as a tool): the model calls
   ``research(message)``, a child turn of the research agent answers, and support replies.
 * ``courier``: the crash matrix's scenario (``waits_scenario.py``): it asks the research
@@ -14,6 +15,8 @@ Their scripted model is ``waits_policy.py``.
 """
 
 from __future__ import annotations
+
+import os
 
 from durable_agent import Agent, TurnContext, wait_seconds
 
@@ -54,7 +57,8 @@ checkout = Agent(
     "checkout",
     loop=settle_then_email,
     tools=[send_email],
-    parameters={"settle_timeout": 3600},
+    # CHECKOUT_SETTLE_SECONDS: how long it waits (an hour; the tests make it short)
+    parameters={"settle_timeout": float(os.environ.get("CHECKOUT_SETTLE_SECONDS", "3600"))},
 )
 
 
