@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 import redis
+from durable_agent_examples.waits_policy import waits_policy
 
 from durable_agent import TurnEnded, get_turn, send_event, start_turn, wait_for_turn
 from durable_agent.journal import WaitStore
 from durable_agent.runtime import runtime_for
 from durable_agent.settings import Settings
 from durable_agent.testing.harness import wait_until
-from durable_agent_examples.waits_policy import waits_policy
 
 if TYPE_CHECKING:
     from conftest import Spawn, Stack
@@ -146,7 +146,11 @@ def test_duplicate_events_and_a_sender_racing_the_waker(stack: Stack, spawn: Spa
         outcomes: list[str] = []
         barrier = threading.Barrier(4)
 
-        def send(outcomes: list[str] = outcomes, turn_id: str = turn_id) -> None:
+        def send(
+            outcomes: list[str] = outcomes,
+            turn_id: str = turn_id,
+            barrier: threading.Barrier = barrier,
+        ) -> None:
             barrier.wait()
             sent = send_event(
                 turn_id, "payment_settled", {"payment_id": "p9"}, event_id="p9", settings=settings
