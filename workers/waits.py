@@ -9,7 +9,8 @@ with ``DURABLE_AGENT_TOOLS=durable_agent_examples.email_tools``).
 * ``support`` delegates to ``research`` (an agent given as a tool): the model calls
   ``research(message)``, a child turn of the research agent answers, and support replies.
 * ``courier``: the crash matrix's scenario (``waits_scenario.py``): it asks the research
-  agent (a child turn), sleeps a moment, waits for the event ``go`` and emails the answer.
+  agent (a child turn), sleeps a moment, has the event ``go`` sent (``ring``, a tool that
+  sends it through the broker) and waits for it, then emails the answer.
 
 Their scripted model is ``waits_policy.py``.
 """
@@ -18,7 +19,14 @@ from __future__ import annotations
 
 import os
 
-from durable_agent import Agent, TurnContext, wait_seconds
+from durable_agent import (
+    Agent,
+    TurnContext,
+    current_call,
+    send_event,
+    tool,
+    wait_seconds,
+)
 
 from .email_tools import lookup_note, send_email
 
@@ -62,19 +70,34 @@ checkout = Agent(
 )
 
 
+@tool(replay="safe")
+def ring(name: str) -> str:
+    """Have the event ``name`` sent to this turn, through the broker (a worker records it).
+
+    Args:
+        name: The event's name.
+    """
+    call = current_call()
+    assert call is not None
+    event_id = f"ring-{call.turn_id}-{call.step}"  # the same for a call run again
+    send_event.delay(call.turn_id, name, {"rung_at_step": call.step}, event_id=event_id)
+    return f"asked for {name}"
+
+
 def courier_loop(ctx: TurnContext) -> str:
-    """Ask research, sleep, wait for ``go`` (or its timeout), email the answer."""
+    """Ask research (a child turn), sleep a moment, have ``go`` sent and wait for it (it
+    may come before the wait or while the turn is parked), email the answer."""
     answer = ctx.run_agent(research, f"What does the note launch say? ({ctx.message})")
     ctx.sleep(float(ctx.parameters.get("pause", 0.5)))
-    go = ctx.wait_for_event("go", timeout=float(ctx.parameters.get("go_timeout", 2)))
-    when = "on go" if go.received else "after the go timeout"
+    ctx.tool("ring", {"name": "go"})
+    ctx.wait_for_event("go", timeout=float(ctx.parameters.get("go_timeout", 30)))
     ctx.tool("send_email", {"to": "ada@example.com", "subject": "Note: launch", "body": answer})
-    return f"Sent the research answer {when}."
+    return "Sent the research answer."
 
 
 courier = Agent(
     "courier",
     loop=courier_loop,
-    tools=[send_email],
-    parameters={"pause": 0.5, "go_timeout": 2},
+    tools=[send_email, ring],
+    parameters={"pause": 0.5, "go_timeout": 30},
 )

@@ -78,12 +78,13 @@ class Sweeper:
             log.warning("uncertain effects not told yet (will retry): %s", error)
         self.leases.end_dead_local_holders()  # their turns are then due as 'claim expired'
         dead_receivers = self.leases.dead_local_receivers()
+        # committed before the pass: a woken turn's message must find it queued
+        woken = self.leases.wake_due(self.batch)
+        if woken:
+            log.info("sweeper woke %d parked turn(s) whose time came", len(woken))
         with self.leases.sweep_pass(_LOCK_KEY) as tx:
             if tx is None:
                 return []
-            woken = tx.wake_due(self.batch)
-            if woken:
-                log.info("sweeper woke %d parked turn(s) whose time came", len(woken))
             rows = tx.due_turns(
                 grace=self.grace_seconds,
                 lease=self.settings.lease_seconds,

@@ -40,10 +40,6 @@ class LockedPass:
             claims_expire=claims_expire,
         )
 
-    def wake_due(self, batch: int) -> list[str]:
-        """Wake the parked turns whose time came (``wake_due``); due_turns then has them."""
-        return [row["turn_id"] for row in self.tx.run("wake_due", batch=batch)]
-
     def mark_sent(self, turn_ids: list[str], message_ids: list[str]) -> None:
         """Record which message is each turn's latest, in this pass's transaction."""
         self.tx.run("mark_sent", turn_ids=turn_ids, message_ids=message_ids)
