@@ -19,6 +19,11 @@ from durable_agent.cli.console import out
 from . import machine
 
 
+BENCHMARKS = (
+    "all", "journal", "throughput", "resume", "growth", "recovery", "door", "console", "waits",
+)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(

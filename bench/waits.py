@@ -239,9 +239,11 @@ def run(
     table.add_column("measure")
     table.add_column("value", justify="right")
     s = sleeping
-    table.add_row("short turns/s, idle -> while they sleep",
-                  f"{s['idle_quick_turns_per_s']:.1f} -> {s['quick_turns_per_s_while_sleeping']:.1f}"
-                  f" ({s['rate_ratio']:.2f}x)")  # fmt: skip
+    idle, busy = s["idle_quick_turns_per_s"], s["quick_turns_per_s_while_sleeping"]
+    table.add_row(
+        "short turns/s, idle -> while they sleep",
+        f"{idle:.1f} -> {busy:.1f} ({s['rate_ratio']:.2f}x)",
+    )
     table.add_row(
         "messages in Redis for the parked turns", str(s["messages_in_redis_while_parked"])
     )
