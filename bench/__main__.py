@@ -18,7 +18,6 @@ from durable_agent.cli.console import out
 
 from . import machine
 
-
 BENCHMARKS = (
     "all", "journal", "throughput", "resume", "growth", "recovery", "door", "console", "waits",
 )  # fmt: skip
