@@ -28,17 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "which",
         nargs="?",
-        choices=(
-            "all",
-            "journal",
-            "throughput",
-            "resume",
-            "growth",
-            "recovery",
-            "door",
-            "console",
-            "waits",
-        ),  # fmt: skip
+        choices=BENCHMARKS,
         default="all",
         help="the benchmark to run (default: all)",
     )
