@@ -2,11 +2,11 @@
 reaches the turn that waits for it.
 
 * **Sleepers.** One ``durable-agent worker`` (prefork, two children, the default sweep
-  interval of 1 s). First the rate of short turns (``quick``) on the idle worker (measured
-  again once every sleeper is done; the median of the two counts); then
-  ``sleepers`` turns start and sleep ``sleep_seconds`` each; once all are parked, Redis is
-  asked for their messages (there should be none: a parked turn has no message) and the same
-  short turns run again while they sleep (their rate against the idle one). Then every
+  interval of 1 s). The rate of short turns (``quick``) on the idle worker, before the
+  sleepers and again once every one is done (the median of the two); ``sleepers`` turns
+  start and sleep ``sleep_seconds`` each; once all are parked, Redis is asked for their
+  messages (there should be none: a parked turn has no message) and the same short turns
+  run twice while they sleep (the median of the two, against the idle one). Then every
   sleeper must end ``done``, once (one wait step, claimed twice: before and after the
   sleep). Per sleeper: how late it was woken (the sweeper's send, ``enqueued_at``, minus the
   due time written in the wait step's intent) and how late it resumed (the wait step's
@@ -109,56 +109,41 @@ class _Bench:
 
 
 def _sleepers(bench: _Bench, sleepers: int, quick_turns: int) -> dict[str, Any]:
-    idle_rate = bench.quick_rate(quick_turns)
+    idle = [bench.quick_rate(quick_turns)]
     run = uuid.uuid4().hex[:8]
     for n in range(sleepers):
         bench.runtime.start_turn(f"z-{run}-{n}", "sleep", agent="sleeper")
     like = f"z-{run}-%"
-    wait_until(
-        lambda: (
-            bench.count(
-                "SELECT count(*) FROM turns WHERE session_id LIKE %s AND status = 'waiting'", like
-            )
-            >= sleepers
-        ),
-        600,
-        "every sleeper parked",
-        interval=0.05,
-    )
+
+    def count(status: str) -> int:
+        return bench.count(
+            "SELECT count(*) FROM turns WHERE session_id LIKE %s AND status = %s", like, status
+        )
+
+    wait_until(lambda: count("waiting") >= sleepers, 600, "every sleeper parked", interval=0.05)
     messages = bench.messages_in_redis()
-    busy_rate = bench.quick_rate(quick_turns)
-    parked_during = bench.count(
-        "SELECT count(*) FROM turns WHERE session_id LIKE %s AND status = 'waiting'", like
-    )
-    wait_until(
-        lambda: (
-            bench.count(
-                "SELECT count(*) FROM turns WHERE session_id LIKE %s AND status <> 'waiting' "
-                "AND status <> 'queued' AND status <> 'running'",
-                like,
-            )
-            >= sleepers
-        ),
-        900,
-        "every sleeper done",
-        interval=0.1,
-    )
+    busy = [bench.quick_rate(quick_turns), bench.quick_rate(quick_turns)]
+    parked_during = count("waiting")  # all of them still: the rates were measured meanwhile
+    wait_until(lambda: count("done") >= sleepers, 900, "every sleeper done", interval=0.1)
+    idle.append(bench.quick_rate(quick_turns))  # idle again, after
     rows = bench.pg.execute(
-        "SELECT t.status, t.attempts, t.crashes, t.enqueued_at, j.finished_at,"
+        "SELECT t.status, t.attempts, t.enqueued_at, j.finished_at,"
         " (j.input ->> 'until')::timestamptz AS until,"
         " (SELECT count(*) FROM journal AS k WHERE k.turn_id = t.turn_id) AS steps"
         " FROM turns AS t JOIN journal AS j ON j.turn_id = t.turn_id AND j.step = 0"
         " WHERE t.session_id LIKE %s",
         (like,),
     ).fetchall()
-    woken = [(enq - until).total_seconds() for _, _, _, enq, _, until, _ in rows]
-    resumed = [(fin - until).total_seconds() for _, _, _, _, fin, until, _ in rows]
-    once = sum(1 for st, att, _, _, _, _, steps in rows if st == "done" and att == 2 and steps == 1)
-    idle_rate = statistics.median([idle_rate, bench.quick_rate(quick_turns)])  # before and after
+    woken = [(enq - until).total_seconds() for _, _, enq, _, until, _ in rows]
+    resumed = [(fin - until).total_seconds() for _, _, _, fin, until, _ in rows]
+    once = sum(1 for st, att, _, _, _, steps in rows if st == "done" and att == 2 and steps == 1)
+    idle_rate, busy_rate = statistics.median(idle), statistics.median(busy)
     return {
         "sleepers": sleepers,
         "idle_quick_turns_per_s": idle_rate,
         "quick_turns_per_s_while_sleeping": busy_rate,
+        "idle_rates": idle,
+        "rates_while_sleeping": busy,
         "rate_ratio": busy_rate / idle_rate,
         "parked_while_measured": parked_during,
         "messages_in_redis_while_parked": messages,
@@ -216,7 +201,7 @@ def _child_latency(bench: _Bench, samples: int) -> list[float]:
 
 
 def run(
-    *, sleepers: int = 1000, sleep_seconds: float = 30.0, quick_turns: int = 200, samples: int = 30
+    *, sleepers: int = 1000, sleep_seconds: float = 30.0, quick_turns: int = 300, samples: int = 30
 ) -> dict[str, Any]:
     with scratch_database() as url, tempfile.TemporaryDirectory(prefix="bench-waits-") as logs:
         bench = _Bench(url, Path(logs), sleep_seconds)

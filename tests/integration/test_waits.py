@@ -266,3 +266,25 @@ def test_spend_of_a_turn_rolls_its_children_up(
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)
     assert [r["turn"] for r in rows] == [parent, f"child {child} (echo, step 0)", "total"]
+
+
+def test_the_console_says_what_a_parked_turn_waits_for(
+    worker: TurnWorker, wait_runtime: Runtime, start: Callable[..., str]
+) -> None:
+    from durable_agent.web.pages import waits_for
+
+    turn_id = start("waiter")
+    worker.handle(turn_id)
+    turn = wait_runtime.journal.get_turn(turn_id)
+    assert waits_for(wait_runtime, turn, []).startswith("event 'go' (step 0) until ")
+
+
+def test_a_loop_that_waits_cannot_run_on_a_test_journal() -> None:
+    from durable_agent.errors import TurnFailed
+    from durable_agent.step.runner import StepRunner
+    from durable_agent.step.tools import ToolRegistry
+    from durable_agent.testing import ClaimHeld, MemoryJournal
+
+    runner = StepRunner(MemoryJournal("t1"), tools=ToolRegistry(), guard=ClaimHeld())
+    with pytest.raises(TurnFailed, match="cannot park a turn"):
+        runner.wait_step("sleep", {"wait": "sleep", "seconds": 1.0})
