@@ -204,6 +204,7 @@ def test_cancelling_a_parked_parent_cancels_its_open_child(
     assert result.cancelled
     assert _turn(wait_runtime, child).status == "cancelled"
     assert "parent turn" in (_turn(wait_runtime, child).error or "")
+    assert WaitStore(wait_runtime.database).waits([parent, child]) == {}  # nothing waits
 
 
 def test_prune_keeps_a_finished_child_while_its_parent_is_open(
@@ -268,15 +269,33 @@ def test_spend_of_a_turn_rolls_its_children_up(
     assert [r["turn"] for r in rows] == [parent, f"child {child} (echo, step 0)", "total"]
 
 
-def test_the_console_says_what_a_parked_turn_waits_for(
-    worker: TurnWorker, wait_runtime: Runtime, start: Callable[..., str]
+def test_the_console_turn_page_says_what_a_parked_turn_waits_for(
+    worker: TurnWorker, wait_settings: Settings, start: Callable[..., str]
 ) -> None:
-    from durable_agent.web.pages import waits_for
+    import base64
 
-    turn_id = start("waiter")
-    worker.handle(turn_id)
-    turn = wait_runtime.journal.get_turn(turn_id)
-    assert waits_for(wait_runtime, turn, []).startswith("event 'go' (step 0) until ")
+    from starlette.testclient import TestClient
+
+    from durable_agent.web.app import create_app
+    from durable_agent.web.auth import Authenticator
+
+    parent = start("delegator", "ping")
+    _, child, _ = worker.handle(parent).follow_up or ("", "", "")
+    runtime = Runtime(wait_settings.model_copy(update={"console_auth": "ada:s3cret-pass"}))
+    try:
+        auth = Authenticator(runtime.settings.console_logins, "tok-0123456789abcdef")
+        client = TestClient(create_app(runtime, auth), base_url="http://console.test")
+        basic = {"Authorization": "Basic " + base64.b64encode(b"ada:s3cret-pass").decode()}
+        page = client.get(f"/turns/{parent}", headers=basic)
+        assert page.status_code == 200
+        assert f"Waits for child turn {child} (step 0)." in page.text
+        worker.handle(child)
+        worker.handle(parent)
+        done = client.get(f"/turns/{parent}", headers=basic)
+        assert done.status_code == 200 and "Waits for" not in done.text
+        assert "agent:echo" in done.text  # the wait step in the timeline
+    finally:
+        runtime.close()
 
 
 def test_a_loop_that_waits_cannot_run_on_a_test_journal() -> None:
@@ -288,3 +307,16 @@ def test_a_loop_that_waits_cannot_run_on_a_test_journal() -> None:
     runner = StepRunner(MemoryJournal("t1"), tools=ToolRegistry(), guard=ClaimHeld())
     with pytest.raises(TurnFailed, match="cannot park a turn"):
         runner.wait_step("sleep", {"wait": "sleep", "seconds": 1.0})
+
+
+def test_a_turn_that_waited_replays_from_its_journal_alone(
+    worker: TurnWorker, wait_runtime: Runtime, start: Callable[..., str]
+) -> None:
+    from durable_agent.operate.replay import replay_turn
+
+    parent = start("delegator", "ping")
+    _, child, _ = worker.handle(parent).follow_up or ("", "", "")
+    worker.handle(child)
+    worker.handle(parent)
+    report = replay_turn(wait_runtime.journal, wait_runtime.agents, parent, max_steps=64)
+    assert report.ok and report.model_calls == 0, report.describe()

@@ -484,7 +484,10 @@ WITH ended AS (
     WHERE t.turn_id = :turn_id AND c.turn_id = t.turn_id
       AND (t.status IN ('queued', 'waiting')
            OR (t.status = 'running' AND t.lease_expires_at <= durable_agent_now()))
-    RETURNING t.session_id, t.seq
+    RETURNING t.session_id, t.seq, t.turn_id
+),
+unparked AS (  -- a parked turn waits for nothing any more
+    DELETE FROM waits AS w USING ended WHERE w.turn_id = ended.turn_id
 )
 SELECT ended.session_id, ended.seq, next.turn_id AS next_turn_id, next.queue AS next_queue
 FROM ended
