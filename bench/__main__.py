@@ -1,4 +1,4 @@
-"""``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|waits]``
+"""``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|timeline|waits]``
 ``[--quick] [--json PATH]``:
 run the benchmarks, print tables (``--quick``: one round of each, smaller sizes, for CI).
 DBOS side by side is not here: ``make bench-peers`` runs ``python -m bench.peers`` in a
@@ -19,7 +19,8 @@ from durable_agent.cli.console import out
 from . import machine
 
 BENCHMARKS = (
-    "all", "journal", "throughput", "resume", "growth", "recovery", "door", "console", "waits",
+    "all", "journal", "throughput", "resume", "growth", "recovery", "door", "console",
+    "timeline", "waits",
 )  # fmt: skip
 
 
@@ -94,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import console_pages
 
         results["console"] = console_pages.run(samples=5 if args.quick else console_pages.SAMPLES)
+    if args.which in ("all", "timeline"):
+        from . import timeline
+
+        results["timeline"] = timeline.run(turns=10 if args.quick else 40)
     if args.which in ("all", "waits"):
         from . import waits
 
