@@ -320,3 +320,23 @@ def test_a_turn_that_waited_replays_from_its_journal_alone(
     worker.handle(parent)
     report = replay_turn(wait_runtime.journal, wait_runtime.agents, parent, max_steps=64)
     assert report.ok and report.model_calls == 0, report.describe()
+
+
+def test_a_child_runs_on_its_own_queue_and_is_streamed_under_the_step_that_started_it(
+    worker: TurnWorker, wait_runtime: Runtime, start: Callable[..., str]
+) -> None:
+    parent = start("delegator", "ping")
+    first = worker.handle(parent)
+    assert first.follow_up is not None
+    _, child, queue = first.follow_up
+    assert queue == "wait-tests-far" and _turn(wait_runtime, child).queue == queue
+    worker.handle(child)
+    worker.handle(parent)
+    events = list(wait_runtime.stream_turn(parent, timeout=10))
+    told = [(e.turn_id, e.parent_step, e.step.step if e.step else None, e.kind) for e in events]
+    assert told == [
+        (child, 0, 0, "step"),  # the child's only step, under the parent's step 0
+        (parent, None, 0, "step"),
+        (parent, None, None, "end"),
+    ]
+    assert events[0].as_json()["parent_turn_id"] == parent

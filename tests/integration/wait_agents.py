@@ -25,6 +25,7 @@ def twice_loop(ctx: TurnContext) -> str:
 
 
 def echo_loop(ctx: TurnContext) -> str:
+    ctx.sleep(0)  # a step (due at once: it does not park)
     if ctx.message.startswith("fail"):
         raise TurnFailed("echo was told to fail")
     return f"echo: {ctx.message}"
@@ -50,6 +51,6 @@ def nester_loop(ctx: TurnContext) -> str:
 sleeper = Agent("sleeper", loop=sleeper_loop, tools=[], parameters={"seconds": 30})
 waiter = Agent("waiter", loop=waiter_loop, tools=[], parameters={"timeout": 30})
 twice = Agent("twice", loop=twice_loop, tools=[])
-echo = Agent("echo", loop=echo_loop, tools=[])
+echo = Agent("echo", loop=echo_loop, tools=[], queue="wait-tests-far")  # another queue
 delegator = Agent("delegator", loop=delegator_loop, tools=[])
 nester = Agent("nester", loop=nester_loop, tools=[])
