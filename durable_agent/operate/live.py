@@ -222,7 +222,11 @@ class TurnEvent:
     @property
     def id(self) -> str:
         """The step number, or ``end``: pass the last step's number back as ``after_step``
-        to go on from there (a server-sent events' ``Last-Event-ID``)."""
+        to go on from there (a server-sent events' ``Last-Event-ID``). A child turn's step
+        gives the parent's step before the one that started the child: going on from there
+        tells the child's steps again rather than skip any."""
+        if self.parent_step is not None:
+            return str(self.parent_step - 1)
         return str(self.step.step) if self.step is not None else "end"
 
     def as_json(self) -> dict[str, Any]:

@@ -340,3 +340,16 @@ def test_a_child_runs_on_its_own_queue_and_is_streamed_under_the_step_that_start
         (parent, None, None, "end"),
     ]
     assert events[0].as_json()["parent_turn_id"] == parent
+
+
+def test_a_child_step_resumes_a_stream_before_the_step_that_started_it(
+    worker: TurnWorker, wait_runtime: Runtime, start: Callable[..., str]
+) -> None:
+    parent = start("delegator", "ping")
+    _, child, _ = worker.handle(parent).follow_up or ("", "", "")
+    worker.handle(child)
+    worker.handle(parent)
+    first = next(iter(wait_runtime.stream_turn(parent, timeout=10)))
+    assert first.turn_id == child and first.id == "-1"
+    again = list(wait_runtime.stream_turn(parent, after_step=int(first.id), timeout=10))
+    assert [e.turn_id for e in again][:2] == [child, parent]  # told again, nothing skipped
