@@ -181,7 +181,7 @@ class Step(_Row):
     def summary(self, width: int = 70) -> str:
         """One line for the step's outcome."""
         if self.status != "done":
-            return "(no outcome recorded)"
+            return "(waiting)" if self.kind == "wait" else "(no outcome recorded)"
         output = self.output
         if self.kind == "model" and isinstance(output, dict):
             message = output.get("message") or {}
