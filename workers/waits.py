@@ -65,6 +65,7 @@ checkout = Agent(
     "checkout",
     loop=settle_then_email,
     tools=[send_email],
+    events=["payment_settled"],  # send_event refuses any other name for its turns
     # CHECKOUT_SETTLE_SECONDS: how long it waits (an hour; the tests make it short)
     parameters={"settle_timeout": float(os.environ.get("CHECKOUT_SETTLE_SECONDS", "3600"))},
 )

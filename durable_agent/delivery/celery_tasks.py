@@ -36,7 +36,7 @@ from ..errors import (
 from ..inputs import check_id, check_message
 from ..journal import Database, JournalStore, WaitStore, worker_identity
 from ..settings import Settings
-from ..step.agents import check_agent_name
+from ..step.agents import AgentBook, check_agent_name
 from .doorbell import new_message_id
 from .outage import Outage
 from .task_names import AGENT_TURN, RUN_TURN, SEND_EVENT, SWEEP
@@ -85,6 +85,9 @@ class TaskParts(Protocol):
 
     @property
     def database(self) -> Database: ...
+
+    @property
+    def agents(self) -> AgentBook: ...
 
     def publish(
         self, session_id: str, turn_id: str, *, queue: str = "", message_id: str
@@ -386,6 +389,15 @@ def deliver_event(
     from .waker import send_woken
 
     waits = WaitStore(runtime.database)
+
+    def events_of(turn_id: str) -> tuple[str, ...] | None:
+        turn = runtime.journal.find_turn(turn_id)
+        try:
+            agent = runtime.agents.get(turn.agent) if turn is not None else None
+        except ConfigurationError:  # this process cannot load the agents: no check here
+            return None
+        return agent.events if agent is not None else None
+
     return send_event(
         waits,
         lambda t: send_woken(waits, runtime.journal, runtime.publish, t),
@@ -393,6 +405,7 @@ def deliver_event(
         name,
         payload,
         event_id=event_id,
+        events_of=events_of,
     )
 
 

@@ -4,9 +4,10 @@
 the turn is parked waiting for that name, wakes it in the same transaction and sends it.
 An event sent before the turn waits for it is kept and read when it does; each event is
 read by one wait, once (``consume_event``); the same ``event_id`` sent again changes
-nothing (``duplicate``). An event for a turn that has ended is refused (TurnEnded), and one
-the turn never reads stays listed as such (``durable-agent events TURN``): nothing is lost
-silently.
+nothing (``duplicate``). An event for a turn that has ended is refused (TurnEnded); one of a
+name the turn's agent does not declare (``Agent(events=[...])``) is refused at once
+(InvalidArgument); one the turn never reads stays listed as such (``durable-agent events
+TURN``): nothing is lost silently.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ MAX_PAYLOAD_BYTES = 256 * 1024
 
 SendWoken = Callable[[str], object]
 """Send a woken turn now (``waker.send_woken`` with the runtime's parts)."""
+EventsOf = Callable[[str], "tuple[str, ...] | None"]
+"""The event names a turn's agent declares (``Agent(events=...)``), None: any name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,13 +84,21 @@ def send_event(
     payload: Any = None,
     *,
     event_id: str | None = None,
+    events_of: EventsOf = lambda turn_id: None,
 ) -> EventSent:
     """Record the event for the turn, waking it if it waits for ``name``; see the module
-    docstring. Raises TurnNotFound, TurnEnded, InvalidArgument."""
+    docstring. Raises TurnNotFound, TurnEnded, InvalidArgument (also for a name the turn's
+    agent does not declare, ``events_of``)."""
     check_id("turn_id", turn_id)
     check_event_name(name)
     event_id = check_id("event_id", event_id) if event_id is not None else uuid.uuid4().hex
     payload = check_payload(payload)
+    declared = events_of(turn_id)
+    if declared is not None and name not in declared:
+        raise InvalidArgument(
+            f"turn {turn_id} never waits for the event {name!r}: its agent declares "
+            f"{', '.join(repr(e) for e in declared) or 'no events'}; nothing recorded"
+        )
     recorded = waits.record_event(turn_id, event_id, name, payload)
     if recorded.status is None:
         raise TurnNotFound(turn_id)

@@ -72,6 +72,9 @@ class Agent:
         parameters: Model parameters sent with every request, e.g. ``{"temperature": 0}``.
         loop: The function that runs a turn (``Loop``); default: the built-in Chat
             Completions loop.
+        events: The names of the events its turns wait for (``ctx.wait_for_event``), if
+            you declare them: ``send_event`` then refuses any other name at once, and a
+            wait for an undeclared name fails the turn. None (default): any name.
     """
 
     name: str
@@ -82,6 +85,7 @@ class Agent:
     max_steps: int | None = None
     parameters: Mapping[str, Any] = field(default_factory=dict)
     loop: Loop | None = None
+    events: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -120,6 +124,12 @@ class Agent:
         except (TypeError, ValueError) as error:
             raise ConfigurationError(f"{where}: parameters must be JSON values: {error}") from None
         object.__setattr__(self, "parameters", MappingProxyType(dict(self.parameters)))
+        if self.events is not None:
+            if isinstance(self.events, str) or not all(
+                isinstance(e, str) and e and e.isprintable() and len(e) <= 200 for e in self.events
+            ):
+                raise ConfigurationError(f"{where}: events must be a list of event names")
+            object.__setattr__(self, "events", tuple(self.events))
         if self.loop is not None and not callable(self.loop):
             raise ConfigurationError(f"{where}: loop must be a function of the turn's context")
 
@@ -136,6 +146,7 @@ class BoundAgent:
     max_steps: int
     parameters: Mapping[str, Any]
     loop: Loop
+    events: tuple[str, ...] | None = None  # the event names its turns wait for (None: any)
 
     def spec(self) -> dict[str, Any]:
         """What the agent's digest covers, as recorded on each turn (a copy)."""
@@ -144,7 +155,8 @@ class BoundAgent:
     @cached_property
     def _spec(self) -> dict[str, Any]:
         # built once per worker: the tool schemas come from pydantic, which is slow
-        return {
+        declared = {"events": sorted(self.events)} if self.events is not None else {}
+        return declared | {
             "model": self.model,
             "instructions_sha256": digest(self.instructions),
             "parameters": dict(self.parameters),
@@ -177,6 +189,7 @@ class BoundAgent:
             instructions=self.instructions,
             tools=self.tools,
             parameters=self.parameters,
+            events=self.events,
         )
 
 
@@ -308,6 +321,7 @@ def bind(
         max_steps=agent.max_steps or settings.max_steps,
         parameters=agent.parameters,
         loop=agent.loop or default_loop,
+        events=tuple(agent.events) if agent.events is not None else None,
     )
 
 

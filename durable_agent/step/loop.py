@@ -92,8 +92,10 @@ class TurnContext:
         instructions: str,
         tools: ToolRegistry,
         parameters: Mapping[str, Any] | None = None,
+        events: tuple[str, ...] | None = None,
     ) -> None:
         self._runner = runner
+        self.events = events  # the agent's declared event names (None: any)
         self._call_model = call_model
         self.turn = turn
         self.agent = agent
@@ -193,6 +195,11 @@ class TurnContext:
         """Wait for the event ``name`` sent to this turn (``send_event``), at most
         ``timeout`` seconds (None: until it comes). An event sent before the wait is kept
         and read here; each event is read by one wait, once."""
+        if self.events is not None and name not in self.events:
+            raise TurnFailed(
+                f"agent {self.agent!r} waits for the event {name!r}, which it does not declare "
+                f"(Agent(events=[...]): {', '.join(self.events) or 'none'})"
+            )
         output = self._runner.wait_step(f"event:{name}", event_spec(name, timeout))
         return event_result(name, output)
 

@@ -4,6 +4,7 @@ park mechanism. A parked turn holds no claim and no message; what wakes it is co
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -353,3 +354,22 @@ def test_a_child_step_resumes_a_stream_before_the_step_that_started_it(
     assert first.turn_id == child and first.id == "-1"
     again = list(wait_runtime.stream_turn(parent, after_step=int(first.id), timeout=10))
     assert [e.turn_id for e in again][:2] == [child, parent]  # told again, nothing skipped
+
+
+def test_declared_events_refuse_other_names_at_once(
+    worker: TurnWorker, wait_runtime: Runtime, wait_settings: Settings, start: Callable[..., str]
+) -> None:
+    from inprocess import run_cli
+
+    from durable_agent import InvalidArgument
+
+    turn_id = start("waiter")  # Agent(events=["go"])
+    with pytest.raises(InvalidArgument, match="never waits for the event 'nope'"):
+        send_event(turn_id, "nope", {}, settings=wait_runtime.settings)
+    here = str(Path(__file__).parent)  # where the agents' module is
+    refused = run_cli(wait_settings, "send-event", turn_id, "nope", PYTHONPATH=here)
+    assert refused.returncode == 2 and "never waits for the event 'nope'" in refused.stderr
+    assert WaitStore(wait_runtime.database).events(turn_id) == []
+    strict = start("strict")  # declares "stop", waits for "go"
+    delivery = worker.handle(strict)
+    assert delivery.outcome == "failed" and "does not declare" in delivery.detail

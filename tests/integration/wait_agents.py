@@ -49,7 +49,8 @@ def nester_loop(ctx: TurnContext) -> str:
 
 
 sleeper = Agent("sleeper", loop=sleeper_loop, tools=[], parameters={"seconds": 30})
-waiter = Agent("waiter", loop=waiter_loop, tools=[], parameters={"timeout": 30})
+waiter = Agent("waiter", loop=waiter_loop, tools=[], parameters={"timeout": 30}, events=["go"])
+strict = Agent("strict", loop=waiter_loop, tools=[], events=["stop"])  # waits for "go" anyway
 twice = Agent("twice", loop=twice_loop, tools=[])
 echo = Agent("echo", loop=echo_loop, tools=[], queue="wait-tests-far")  # another queue
 delegator = Agent("delegator", loop=delegator_loop, tools=[])
