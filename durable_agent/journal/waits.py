@@ -130,7 +130,7 @@ class WaitStore:
     ) -> bool:
         """Park the turn (False: what it waits for is there, its time has come, it was
         cancelled or the claim is gone: the caller finds out which)."""
-        row = self.db.one(
+        parked = self.db.value(
             "park_turn",
             turn_id=turn_id,
             epoch=epoch,
@@ -139,7 +139,7 @@ class WaitStore:
             name=name,
             wake_at=wake_at,
         )
-        return row is not None
+        return bool(parked)
 
     def consume_event(self, turn_id: str, epoch: int, step: int, name: str) -> Event | None:
         """The event the wait at ``step`` consumed (before, or now), or None."""

@@ -674,33 +674,21 @@ ORDER BY a.requested_at, a.turn_id, a.step
 LIMIT :limit;
 
 -- name: park_for_approval
--- The claim's holder parks the turn at a tool call that needs approval (the park mechanism
--- of park_turn, kind 'approval'): the call is recorded as pending and the turn waits with
--- no claim, no lease and no message, until a decision sends it again. Fenced by the epoch;
--- a cancelled turn does not park.
+-- The claim's holder parks the turn at a tool call that needs approval (durable_agent_park,
+-- kind 'approval', no due time) and records the call as pending, in one statement: the turn
+-- waits with no claim, no lease and no message until a decision sends it again. Fenced by
+-- the epoch; a cancelled turn does not park.
 WITH parked AS (
-    UPDATE turns
-    SET status = 'waiting', lease_owner = NULL, lease_expires_at = NULL,
-        enqueued_at = NULL, message_id = NULL, updated_at = durable_agent_now()
-    WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running'
-      AND NOT EXISTS (SELECT 1 FROM cancellations AS c WHERE c.turn_id = :turn_id)
-    RETURNING turn_id
+    SELECT durable_agent_park(:turn_id, :epoch, :step, 'approval', :tool, NULL) AS ok
 ),
 asked AS (
     INSERT INTO approvals (turn_id, step, tool, arguments, idempotency_key, requested_at)
-    SELECT turn_id, :step, :tool, CAST(:arguments AS jsonb), :idempotency_key,
+    SELECT :turn_id, :step, :tool, CAST(:arguments AS jsonb), :idempotency_key,
            durable_agent_now()
-    FROM parked
+    FROM parked WHERE ok
     ON CONFLICT (turn_id, step) DO NOTHING
-),
-waiting AS (
-    INSERT INTO waits (turn_id, step, kind, name, wake_at, parked_at)
-    SELECT turn_id, :step, 'approval', :tool, NULL, durable_agent_now() FROM parked
-    ON CONFLICT (turn_id) DO UPDATE
-        SET step = excluded.step, kind = excluded.kind, name = excluded.name,
-            wake_at = NULL, parked_at = excluded.parked_at
 )
-SELECT turn_id FROM parked;
+SELECT CAST(:turn_id AS text) AS turn_id FROM parked WHERE ok;
 
 -- name: decide_approval
 -- Approve or deny a pending call of a waiting turn, once; the turn wakes (queued, its wait
@@ -728,28 +716,12 @@ RETURNING t.session_id, t.turn_id, t.queue;
 -- ---------------------------------------------------------------------------------------
 
 -- name: park_turn
--- The claim's holder parks the turn at a wait step: unless what it waits for is there
--- already (durable_agent_wait_met, asked again with a fresh snapshot when a waker updated
--- the row meanwhile) or its due time has passed; fenced by the epoch; a cancelled turn does
--- not park. Waits for the WAL flush, which takes every earlier write of the turn with it.
-WITH parked AS (
-    UPDATE turns
-    SET status = 'waiting', lease_owner = NULL, lease_expires_at = NULL,
-        enqueued_at = NULL, message_id = NULL, updated_at = durable_agent_now()
-    WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running'
-      AND NOT EXISTS (SELECT 1 FROM cancellations AS c WHERE c.turn_id = :turn_id)
-      AND (CAST(:wake_at AS timestamptz) IS NULL
-           OR CAST(:wake_at AS timestamptz) > durable_agent_now())
-      AND NOT durable_agent_wait_met(turn_id, :kind, :name)
-    RETURNING turn_id
-)
-INSERT INTO waits (turn_id, step, kind, name, wake_at, parked_at)
-SELECT turn_id, :step, :kind, :name, CAST(:wake_at AS timestamptz), durable_agent_now()
-FROM parked
-ON CONFLICT (turn_id) DO UPDATE
-    SET step = excluded.step, kind = excluded.kind, name = excluded.name,
-        wake_at = excluded.wake_at, parked_at = excluded.parked_at
-RETURNING turn_id;
+-- The claim's holder parks the turn at a wait step (durable_agent_park): unless what it
+-- waits for is there already or its due time has passed; fenced by the epoch; a cancelled
+-- turn does not park. Waits for the WAL flush, which takes every earlier write of the turn
+-- with it.
+SELECT durable_agent_park(:turn_id, :epoch, :step, :kind, :name,
+                          CAST(:wake_at AS timestamptz)) AS parked;
 
 -- name: wake_due
 -- The sweeper wakes parked turns whose due time passed, and (should a waker have died

@@ -63,6 +63,36 @@ CREATE FUNCTION durable_agent_wait_met(p_turn_id text, p_kind text, p_name text)
         END
     $$;
 
+-- Park a turn (every wait parks through here: approvals, sleeps, events, child agents): the
+-- claim at p_epoch gives the turn up, status `waiting`, no claim, no lease, no message, and
+-- its `waits` row says why and until when. Refused (false) when the claim moved on, the turn
+-- was cancelled, its due time has passed, or what it waits for is there already (asked with
+-- a fresh snapshot, also when a waker's update of the row made this wait for it).
+CREATE FUNCTION durable_agent_park(p_turn_id text, p_epoch integer, p_step integer,
+                                   p_kind text, p_name text, p_wake_at timestamptz)
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+        BEGIN
+            UPDATE turns
+            SET status = 'waiting', lease_owner = NULL, lease_expires_at = NULL,
+                enqueued_at = NULL, message_id = NULL, updated_at = durable_agent_now()
+            WHERE turn_id = p_turn_id AND lease_epoch = p_epoch AND status = 'running'
+              AND NOT EXISTS (SELECT 1 FROM cancellations AS c WHERE c.turn_id = p_turn_id)
+              AND (p_wake_at IS NULL OR p_wake_at > durable_agent_now())
+              AND NOT durable_agent_wait_met(p_turn_id, p_kind, p_name);
+            IF NOT FOUND THEN
+                RETURN false;
+            END IF;
+            INSERT INTO waits (turn_id, step, kind, name, wake_at, parked_at)
+            VALUES (p_turn_id, p_step, p_kind, p_name, p_wake_at, durable_agent_now())
+            ON CONFLICT (turn_id) DO UPDATE
+                SET step = excluded.step, kind = excluded.kind, name = excluded.name,
+                    wake_at = excluded.wake_at, parked_at = excluded.parked_at;
+            RETURN true;
+        END
+    $$;
+
 -- Wake a turn parked for (kind, name): its wait is deleted, it is queued with no message,
 -- and `wake <turn_id>` goes to the channel durable_agent_wake (a worker's waker sends it).
 -- The turn row is updated first whatever its state, so that a park running at the same time
