@@ -34,6 +34,7 @@ research = Agent(
     "research",
     instructions="You research a question with the notes you can look up; answer briefly.",
     tools=[lookup_note],
+    queue=os.environ.get("RESEARCH_QUEUE") or None,  # its own queue and workers, if set
 )
 
 support = Agent(

@@ -19,7 +19,7 @@ from durable_agent import TurnEnded, get_turn, send_event, start_turn, wait_for_
 from durable_agent.journal import WaitStore
 from durable_agent.runtime import runtime_for
 from durable_agent.settings import Settings
-from durable_agent.testing.harness import wait_until
+from durable_agent.testing.harness import forget_queue, wait_until
 
 if TYPE_CHECKING:
     from conftest import Spawn, Stack
@@ -70,6 +70,34 @@ def test_one_prefork_slot_runs_parent_child_and_continuation(stack: Stack, spawn
         ("wait", "research"),
         ("model", "llm"),
     ]
+
+
+def test_a_child_on_its_own_queue_runs_on_another_worker(
+    stack: Stack, spawn: Spawn, redis_client: redis.Redis
+) -> None:
+    """research on a queue of its own, served by a worker of its own: the support worker
+    parks the parent and sends the child there; the child's end brings the parent back."""
+    settings = _waits_settings(stack)
+    far = f"{settings.queue}-research"
+    env = {**_env(), "RESEARCH_QUEUE": far}
+    try:
+        spawn(settings=settings, name="support", DURABLE_AGENT_SERVE_AGENTS="support", **env)
+        spawn(settings=settings, name="research", DURABLE_AGENT_SERVE_AGENTS="research", **env)
+        turn_id = start_turn(
+            "s-far", "What does the launch note say?", agent="support", settings=settings
+        )
+        turn = stack.wait_turn(turn_id, 30)
+        assert turn.status == "done", stack.report(turn_id)
+        [child] = WaitStore(stack.store.db).children_of([turn_id])
+        child_turn = stack.store.get_turn(child.turn_id)
+        assert child_turn.queue == far and child_turn.status == "done"
+        assert (child_turn.received_by or "").startswith(
+            "research-"
+        ) or child_turn.lease_owner is None
+        logs = {w.name: w.log_text() for w in stack.workers}
+        assert child.turn_id in logs["research"] and f"turn {turn_id}: done" in logs["support"]
+    finally:
+        forget_queue(redis_client, far)
 
 
 def test_a_reminder_sleeps_without_a_slot_or_a_message_and_wakes_once(
