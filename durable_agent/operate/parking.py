@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..errors import LeaseLost, TurnCancelled, TurnParked
-from ..journal import JournalStore, OperatorStore, WaitKind, WaitStore, digest
+from ..journal import JournalStore, OperatorStore, WaitKind, WaitStore, digest, dumps
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +176,6 @@ def _time(value: Any) -> datetime | None:
 
 
 def _text(payload: Any) -> str:
-    from ..journal import dumps
-
     return payload if isinstance(payload, str) else dumps(payload)
 
 

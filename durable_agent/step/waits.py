@@ -20,7 +20,6 @@ model's call of it is the wait. Each wait is one step of the journal, kind ``wai
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -197,8 +196,3 @@ def agent_tool(agent: Any, *, name: str | None = None, description: str = "") ->
     ) + "\n\nArgs:\n    message: What to ask it, with everything it needs to know.\n"
     tool_name = name or "".join(c if c.isalnum() or c in "_-" else "_" for c in agent_name)
     return _waiting(ask, tool_name, lambda a: child_spec(agent_name, a["message"]))
-
-
-def describe_output(output: dict[str, Any]) -> str:
-    """One line for a recorded wait's outcome (``durable-agent journal``)."""
-    return str(output.get("content") or json.dumps(output)[:200])
