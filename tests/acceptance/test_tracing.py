@@ -248,9 +248,7 @@ def test_an_uncertain_effect_is_marked_on_its_span(
     settings = stack.settings.model_copy(
         update={"tracing": True, "sweep_interval_seconds": 0.1, "lease_seconds": 3.0}
     )
-    first = spawn(
-        settings=settings, CRASH_AT="send_email:after_run", **_otel_env(otlp, "worker-a")
-    )
+    first = spawn(settings=settings, CRASH_AT="send_email:after_run", **_otel_env(otlp, "worker-a"))
     tracer = trace.get_tracer("the-application")
     with tracer.start_as_current_span("POST /notes") as request_span:
         turn_id = start_turn(f"s-unc-{uuid.uuid4().hex[:6]}", stack.message, settings=settings)
