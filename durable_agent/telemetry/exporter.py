@@ -235,7 +235,7 @@ def spend_metrics(ledgers: list[Spend]) -> Iterator[Metric]:
 
 def registry_of(collector: FleetCollector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)  # type: ignore[arg-type]
+    registry.register(collector)
     return registry
 
 

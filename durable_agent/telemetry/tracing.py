@@ -126,14 +126,14 @@ class StepSpans:
 
     @contextmanager
     def _span(self, note: StepNote) -> Iterator[Span]:
-        common = {
+        common: dict[str, Any] = {
             "durable_agent.turn_id": self.turn_id,
             "durable_agent.step": note.step,
             "durable_agent.epoch": self.epoch,
         }
         if note.kind == "model":
             name = f"chat {note.model or ''}".strip()
-            attributes = {
+            attributes: dict[str, Any] = {
                 **common,
                 "gen_ai.operation.name": "chat",
                 "gen_ai.system": GEN_AI_SYSTEM,
@@ -164,7 +164,8 @@ def _outcome(note: StepNote) -> dict[str, Any]:
     }
     output = note.output or {}
     if note.kind == "model":
-        usage = output.get("usage") if isinstance(output.get("usage"), dict) else {}
+        found = output.get("usage")
+        usage: dict[str, Any] = found if isinstance(found, dict) else {}
         for ours, theirs in (
             ("gen_ai.usage.input_tokens", "prompt_tokens"),
             ("gen_ai.usage.output_tokens", "completion_tokens"),

@@ -23,8 +23,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from durable_agent import start_turn
@@ -117,18 +115,6 @@ def otlp() -> Iterator[OtlpReceiver]:
         receiver.server.server_close()
 
 
-@pytest.fixture(scope="module")
-def app_spans() -> InMemorySpanExporter:
-    """This process is the application: its spans go to an in-memory exporter."""
-    exporter = InMemorySpanExporter()
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
-
-
 def _otel_env(otlp: OtlpReceiver, service: str) -> dict[str, str]:
     return {
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint,
@@ -146,7 +132,7 @@ def _step_spans(spans: list[ReceivedSpan], epoch: int) -> dict[int, ReceivedSpan
 
 
 def test_a_turn_killed_mid_way_and_finished_elsewhere_is_one_trace(
-    stack: Stack, spawn: Spawn, otlp: OtlpReceiver, app_spans: InMemorySpanExporter
+    stack: Stack, spawn: Spawn, otlp: OtlpReceiver, otel_spans: InMemorySpanExporter
 ) -> None:
     """The application starts a turn inside its request span. A prefork worker runs steps
     0-1 and is SIGKILLed (main process and child) while the model holds step 2; a second
@@ -235,12 +221,12 @@ def test_a_turn_killed_mid_way_and_finished_elsewhere_is_one_trace(
     assert len(stack.inbox.messages) == 1
     assert any(
         s.name == "POST /notes" and format(s.context.trace_id, "032x") == trace_id
-        for s in app_spans.get_finished_spans()
+        for s in otel_spans.get_finished_spans()
     )
 
 
 def test_an_uncertain_effect_is_marked_on_its_span(
-    stack: Stack, spawn: Spawn, otlp: OtlpReceiver, app_spans: InMemorySpanExporter
+    stack: Stack, spawn: Spawn, otlp: OtlpReceiver, otel_spans: InMemorySpanExporter
 ) -> None:
     """CRASH_AT=send_email:after_run: the email went out, its outcome was never recorded.
     The worker that takes the turn over answers the call as "may or may not have happened":
