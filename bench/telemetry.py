@@ -3,9 +3,9 @@
 * Tracing: the same 11-step turn (model, tool, ..., the model's reply; an in-process model,
   real Postgres) delivered with ``DURABLE_AGENT_TRACING`` off and on, in alternating
   repetitions, each delivery with the trace context in its message; on, the process has the
-  SDK's tracer provider with a batch processor whose exporter drops the spans (what a worker pays on the turn's path: the spans, their
-  attributes, the processor's queue; the export runs on the processor's thread). The ratio
-  is traced / untraced time per turn.
+  SDK's tracer provider with a batch processor whose exporter drops the spans (what a worker
+  pays on the turn's path: the spans, their attributes, the processor's queue; the export
+  runs on the processor's thread). The ratio is traced / untraced time per turn.
 * Metrics: the workers count nothing on a turn's path (a worker's counters are the sweeper's
   and the consumer's); the cost is ``durable-agent metrics`` reading the fleet's figures at
   each scrape, measured on the turns of the tracing rows and on 100,000 turns with their
