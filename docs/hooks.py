@@ -499,6 +499,34 @@ def bench_recovery() -> str:
     )
 
 
+def bench_telemetry() -> str:
+    section = _section("telemetry")
+    tracing = section["tracing"]
+    off, on = tracing["off"]["median"], tracing["on"]["median"]
+    rows = [
+        [
+            f"a {section['steps']}-step turn, real Postgres, in-process model",
+            f"{off:.2f} ms",
+            f"{on:.2f} ms",
+            f"**{tracing['ratio']:.3f}x**",
+        ]
+    ]
+    scrapes = []
+    for key in ("scrape_small", "scrape_big"):
+        if key in section:
+            found = section[key]
+            scrapes.append([f"{found['turns']:,}", f"{_median(found['ms']):.1f} ms"])
+    return (
+        table(["per turn", "tracing off", "tracing on", "on / off"], rows)
+        + f"\n\nMedian of {len(tracing['on']['samples'])} alternating repetitions of "
+        f"{section['turns_per_rep']} turns each; on: the SDK's batch processor, spans "
+        "dropped by its exporter. Metrics cost a turn nothing (nothing is counted on its "
+        "path); a scrape of `durable-agent metrics` costs:\n\n"
+        + table(["turns in Postgres", "a scrape (median)"], scrapes)
+        + "\n"
+    )
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "cli": cli_reference,
     "configuration": configuration_reference,
@@ -508,4 +536,5 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "bench-resume": bench_resume,
     "bench-growth": bench_growth,
     "bench-recovery": bench_recovery,
+    "bench-telemetry": bench_telemetry,
 }
