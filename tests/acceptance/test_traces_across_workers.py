@@ -256,3 +256,53 @@ def test_an_uncertain_effect_is_marked_on_its_span(
     span = uncertain()[0]
     assert span.attributes["durable_agent.epoch"] == 2
     assert span.attributes["durable_agent.step.ran"] is True  # answered, not read back
+
+
+def test_the_trace_context_travels_in_the_message_headers(
+    stack: Stack, spawn: Spawn, otlp: OtlpReceiver, otel_spans: InMemorySpanExporter
+) -> None:
+    """A turn recorded with no trace context, sent with one in its message's headers only:
+    the worker's delivery joins that trace (the context came through Celery, not Postgres).
+    And agent_turn.delay() inside a span: its delivery is a child of that span."""
+    import json
+
+    from durable_agent.runtime import Runtime
+
+    settings = stack.settings.model_copy(update={"tracing": True})
+    spawn(settings=settings, **_otel_env(otlp, "worker-h"))
+    runtime = Runtime(settings)
+    try:
+        turn = runtime.journal.create_turn(f"s-hdr-{uuid.uuid4().hex[:6]}", stack.message)
+        assert runtime.journal.trace_context(turn.turn_id) is None
+        trace_id, span_id = uuid.uuid4().hex, uuid.uuid4().hex[:16]
+        headers = {"traceparent": f"00-{trace_id}-{span_id}-01"}
+        runtime.enqueue(turn.session_id, turn.turn_id, turn.queue, json.dumps(headers))
+        assert stack.wait_turn(turn.turn_id, 40).status == "done"
+
+        tracer = trace.get_tracer("the-application")
+        with tracer.start_as_current_span("POST /delay") as request_span:
+            result = runtime.celery.tasks["durable_agent.agent_turn"].delay(
+                f"s-delay-{uuid.uuid4().hex[:6]}", stack.message
+            )
+        assert stack.wait_turn(result.id, 40).status == "done"
+    finally:
+        runtime.close()
+
+    def delivery_of(trace_hex: str) -> list[ReceivedSpan]:
+        return [
+            s
+            for s in otlp.of_trace(trace_hex)
+            if s.name == "durable_agent.delivery" and s.attributes.get("durable_agent.outcome")
+        ]
+
+    wait_until(lambda: bool(delivery_of(trace_id)), 20, "the delivery span of the header's trace")
+    (delivery,) = delivery_of(trace_id)
+    assert delivery.parent_span_id == span_id
+    assert delivery.attributes["durable_agent.turn_id"] == turn.turn_id
+
+    context = request_span.get_span_context()
+    delayed = format(context.trace_id, "032x")
+    wait_until(lambda: bool(delivery_of(delayed)), 20, "the delivery span of agent_turn")
+    (delivery,) = delivery_of(delayed)
+    assert delivery.parent_span_id == format(context.span_id, "016x")
+    assert delivery.attributes["durable_agent.turn_id"] == result.id
