@@ -523,6 +523,28 @@ def bench_telemetry() -> str:
         "dropped by its exporter. Metrics cost a turn nothing (nothing is counted on its "
         "path); a scrape of `durable-agent metrics` costs:\n\n"
         + table(["turns in Postgres", "a scrape (median)"], scrapes)
+def bench_timeline() -> str:
+    timeline = _section("timeline")
+    rows = [
+        [cell(p["phase"]), f"{p['ours_ms']:.2f}", f"{p['bare_ms']:.2f}",
+         f"{p['ours_ms'] - p['bare_ms']:+.2f}"]
+        for p in timeline["phases"]
+    ]  # fmt: skip
+    statements = ", ".join(f"`{s['statement']}` {s['ms']:.2f}" for s in timeline["statements"])
+    when = timeline.get("date")
+    return (
+        table(
+            [
+                "phase (median ms over " + str(timeline["turns"]) + " turns)",
+                "durable-agent",
+                "bare Celery task",
+                "difference",
+            ],
+            rows,
+        )
+        + f"\n\nThe task's {timeline['statements_per_turn']:.0f} statements per turn, median ms: "
+        + statements
+        + (f". Measured {when}, in a run of its own (`python -m bench timeline`)." if when else ".")
         + "\n"
     )
 
@@ -537,4 +559,5 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "bench-growth": bench_growth,
     "bench-recovery": bench_recovery,
     "bench-telemetry": bench_telemetry,
+    "bench-timeline": bench_timeline,
 }
