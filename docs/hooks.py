@@ -523,6 +523,10 @@ def bench_telemetry() -> str:
         "dropped by its exporter. Metrics cost a turn nothing (nothing is counted on its "
         "path); a scrape of `durable-agent metrics` costs:\n\n"
         + table(["turns in Postgres", "a scrape (median)"], scrapes)
+        + "\n"
+    )
+
+
 def bench_timeline() -> str:
     timeline = _section("timeline")
     rows = [
