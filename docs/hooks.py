@@ -217,7 +217,8 @@ def cli_reference() -> str:
 
 # -- the configuration -----------------------------------------------------------------------
 
-# Read outside Settings, by the worker's fault injection: one row each, kept here.
+# Read outside Settings (the worker's fault injection; OpenTelemetry's SDK): one row each,
+# kept here.
 OTHER_VARIABLES = [
     (
         "CRASH_AT",
@@ -227,6 +228,16 @@ OTHER_VARIABLES = [
         "exits at exactly that point (for the crash matrix and tests; inert when unset), once "
         "per worker (a prefork child that fired is replaced by one that is not armed); a tool "
         "the worker does not have stops its start (exit 2)",
+    ),
+    (
+        "OTEL_*",
+        "str",
+        "(unset)",
+        "with `DURABLE_AGENT_TRACING=true`, OpenTelemetry's own variables say where a worker "
+        "exports its spans over OTLP/HTTP: `OTEL_EXPORTER_OTLP_ENDPOINT` (or "
+        "`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), `OTEL_SERVICE_NAME` (default `durable-agent`), "
+        "`OTEL_RESOURCE_ATTRIBUTES`, `OTEL_BSP_SCHEDULE_DELAY`, ... (read by the SDK; see "
+        "[Traces and metrics](../how-to/observability.md))",
     ),
 ]
 LONG_DEFAULT = 60

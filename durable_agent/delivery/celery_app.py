@@ -85,6 +85,8 @@ class AppParts(TaskParts, Protocol):
 
     def start_tracing(self) -> None: ...
 
+    def flush_traces(self) -> None: ...
+
     @property
     def counters(self) -> WorkerCounters | None: ...
 
@@ -114,6 +116,8 @@ def _check_before_start(sender: Any = None, **_: Any) -> None:
     try:
         runtime.check_worker_start()
         runtime.start_tracing()  # before the pool forks: each child inherits the exporter
+        if runtime.settings.tracing:
+            _traced.append(runtime)
         consumed = sorted(sender.app.amqp.queues.consume_from)
         check_consumed_queues(runtime, consumed)
         check_broker_reachable(sender.app, runtime.settings)
@@ -193,6 +197,15 @@ def _serve_metrics(sender: Any = None, **_: Any) -> None:
         counters.serve(runtime.settings.metrics_host, runtime.settings.metrics_port)
 
 
+def _flush_traces(sender: Any = None, **_: Any) -> None:
+    """A worker process that stops exports the spans it still holds (tracing on)."""
+    for runtime in _traced:
+        runtime.flush_traces()
+
+
+_traced: list[AppParts] = []  # the runtimes whose workers started in this process
+
+
 def _stop_sweeper(sender: Any = None, **_: Any) -> None:
     runtime = _runtime_of(sender)
     if runtime is not None and id(runtime) in _sweepers:
@@ -212,3 +225,5 @@ signals.worker_init.connect(_check_before_start)
 signals.worker_ready.connect(_start_sweeper)
 signals.worker_ready.connect(_serve_metrics)
 signals.worker_shutdown.connect(_stop_sweeper)
+signals.worker_shutdown.connect(_flush_traces)
+signals.worker_process_shutdown.connect(_flush_traces)  # a prefork child

@@ -290,7 +290,11 @@ def handle_delivery(runtime: TaskParts, turn_id: str, request: Any = None) -> st
         turn_id, _message_headers(request), lambda: runtime.journal.trace_context(turn_id)
     ) as span:
         span.set_attribute("durable_agent.message_id", str(getattr(request, "id", "") or ""))
-        result = _handle_delivery(runtime, turn_id)
+        try:
+            result = _handle_delivery(runtime, turn_id)
+        except TurnFailed:  # the span records the error too
+            span.set_attribute("durable_agent.outcome", "failed")
+            raise
         span.set_attribute("durable_agent.outcome", result.split(":", 1)[0])
         return result
 

@@ -65,3 +65,10 @@ class TelemetryParts:
             from .tracing import install_exporter
 
             install_exporter()
+
+    def flush_traces(self) -> None:
+        """Export the spans ended so far (as a worker process stops)."""
+        if self.tracing is not None:
+            from .tracing import flush
+
+            flush()
