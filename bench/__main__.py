@@ -1,4 +1,5 @@
-"""``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|timeline]``
+"""``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|timeline|``
+``telemetry]``
 ``[--quick] [--json PATH]``:
 run the benchmarks, print tables (``--quick``: one round of each, smaller sizes, for CI).
 DBOS side by side is not here: ``make bench-peers`` runs ``python -m bench.peers`` in a
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
             "recovery",
             "door",
             "console",
+            "telemetry",
             "timeline",
         ),
         default="all",
@@ -100,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         from . import console_pages
 
         results["console"] = console_pages.run(samples=5 if args.quick else console_pages.SAMPLES)
+    if args.which in ("all", "telemetry"):
+        from . import telemetry
+
+        if args.quick:
+            results["telemetry"] = telemetry.run(reps=1, turns=5, big=0)
+        else:
+            results["telemetry"] = telemetry.run(reps=args.reps)
     if args.which in ("all", "timeline"):
         from . import timeline
 

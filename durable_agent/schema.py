@@ -127,6 +127,11 @@ turns = Table(
         "agent_changes",
         comment="what differed from agent_spec the last time the turn was resumed (NULL: nothing)",
     ),
+    _text(
+        "trace_context",
+        comment="the traceparent (and tracestate) of the request that started the turn, as "
+        "W3C headers in JSON (NULL: not traced)",
+    ),
     UniqueConstraint("session_id", "seq", name="turns_session_id_seq_key"),
     CheckConstraint(
         "status IN ('queued', 'running', 'waiting', 'done', 'failed', 'cancelled')",

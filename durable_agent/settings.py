@@ -183,6 +183,26 @@ class Settings(BaseSettings):
         "million tokens, comma-separated, by the model name sent, e.g. 'gpt-4o-mini=0.15/0.60'",
     )
 
+    tracing: bool = Field(
+        default=False,
+        description="send OpenTelemetry traces: a span for each delivery of a turn and each "
+        "step (needs the 'otel' extra); where to, as the standard OTEL_* variables say "
+        "(OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...)",
+    )
+    metrics_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="a worker's main process serves its Prometheus counters (sweeper "
+        "re-sends, poison messages) on this port (0: not served; needs the 'metrics' extra); "
+        "the fleet's figures come from `durable-agent metrics`",
+    )
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="the address a worker's metrics port listens on (0.0.0.0: every "
+        "interface, e.g. in a container)",
+    )
+
     console_auth: str = Field(
         default="",
         repr=False,

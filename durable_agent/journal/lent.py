@@ -53,6 +53,7 @@ def record_turn(
     *,
     queue: str = "",
     agent: str = "default",
+    trace_context: str | None = None,
 ) -> Turn:
     """Record a new turn of ``agent`` at the end of its session in the transaction open on
     ``conn`` (one is begun when the connection is idle and not in autocommit mode, as
@@ -71,6 +72,7 @@ def record_turn(
                 message=message,
                 queue=queue,
                 agent=agent,
+                trace_context=trace_context,
             )
         except psycopg.errors.UniqueViolation as error:
             conn.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}", prepare=False)

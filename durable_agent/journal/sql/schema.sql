@@ -32,6 +32,7 @@ CREATE TABLE turns (
     agent_digest  text,
     agent_spec    jsonb,
     agent_changes text,
+    trace_context text,
     UNIQUE (session_id, seq)
 );
 
@@ -43,6 +44,7 @@ COMMENT ON COLUMN turns.agent IS 'the agent the turn belongs to (''default'': th
 COMMENT ON COLUMN turns.agent_digest IS 'sha256 of the agent''s spec when the turn first ran (model, instructions, parameters, step cap, loop, tools)';
 COMMENT ON COLUMN turns.agent_spec IS 'that spec, to say what changed when the turn resumes under another one';
 COMMENT ON COLUMN turns.agent_changes IS 'what differed from agent_spec the last time the turn was resumed (NULL: nothing)';
+COMMENT ON COLUMN turns.trace_context IS 'the traceparent (and tracestate) of the request that started the turn, as W3C headers in JSON (NULL: not traced)';
 
 CREATE INDEX turns_open_idx ON turns (lease_expires_at) WHERE status IN ('queued', 'running');
 -- the newest send on a queue that some worker has received, and the newest reception
