@@ -101,7 +101,15 @@ def start_in_transaction(
     name, queue = runtime.agent_queue(agent)
     conn = lent.psycopg_connection()
     _check_same_database(runtime, conn)
-    turn = record_turn(conn, session_id, message, turn_id, queue=queue, agent=name)
+    turn = record_turn(
+        conn,
+        session_id,
+        message,
+        turn_id,
+        queue=queue,
+        agent=name,
+        sealer=runtime.database.sealer,
+    )
     if turn.status in (TurnStatus.QUEUED, TurnStatus.RUNNING):
         lent.after_commit(Doorbell(runtime, turn.session_id, turn.turn_id, turn.queue))
     return turn.turn_id

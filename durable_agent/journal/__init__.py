@@ -39,10 +39,20 @@ from .records import (
     TurnStatus,
     WorkerSeen,
 )
+from .sealing import (
+    NO_SEALING,
+    KeyProvider,
+    Sealer,
+    StaticKeys,
+    Where,
+    new_key,
+    sealer_for,
+)
 from .store import ClaimedJournal, JournalStore
 
 __all__ = [
     "MAX_DEPTH",
+    "NO_SEALING",
     "AgentSeen",
     "Approval",
     "Cancellation",
@@ -51,6 +61,7 @@ __all__ = [
     "Database",
     "Ended",
     "JournalStore",
+    "KeyProvider",
     "Kind",
     "Leases",
     "ListDigest",
@@ -62,7 +73,9 @@ __all__ = [
     "Refusal",
     "Replay",
     "Row",
+    "Sealer",
     "Spend",
+    "StaticKeys",
     "Step",
     "StepStatus",
     "Tokens",
@@ -70,6 +83,7 @@ __all__ = [
     "TurnFilter",
     "TurnJournal",
     "TurnStatus",
+    "Where",
     "WorkerSeen",
     "announce",
     "apply_missing",
@@ -83,11 +97,13 @@ __all__ = [
     "latest_version",
     "listen",
     "migrate",
+    "new_key",
     "on_connection",
     "parse_prices",
     "parse_queries",
     "record_turn",
     "require_current",
+    "sealer_for",
     "storable",
     "worker_identity",
 ]

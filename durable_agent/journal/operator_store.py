@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .codec import dumps
 from .db import Database, Row
 from .notify import announce
 from .records import Ended, _Row
+from .sealing import Where
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +226,7 @@ class OperatorStore:
             epoch=epoch,
             step=step,
             tool=tool,
-            arguments=dumps(arguments),
+            arguments=self.db.sealer.json(arguments, Where(turn_id, "arguments", step)),
             idempotency_key=idempotency_key,
         )
         return row is not None

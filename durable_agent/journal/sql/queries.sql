@@ -42,7 +42,7 @@ FROM turns WHERE session_id = :session_id ORDER BY seq LIMIT :limit;
 
 -- name: session_history
 -- (user message, reply) of the session's earlier done turns, in order.
-SELECT message, reply FROM turns
+SELECT turn_id, message, reply FROM turns
 WHERE session_id = :session_id AND seq < :seq AND status = 'done'
 ORDER BY seq;
 
