@@ -91,7 +91,7 @@ def test_output_keeps_usage_and_the_uncertain_flag_clear() -> None:
 
 def test_a_retired_or_missing_key_is_named() -> None:
     stored = Sealer(StaticKeys.parse(f"k1:{K1}")).text("hi", Where("t", "reply"))
-    with pytest.raises(KeyUnavailable, match="turn t reply is sealed with key 'k1'.*holds k2"):
+    with pytest.raises(KeyUnavailable, match=r"turn t reply is sealed with key 'k1'.*holds k2"):
         Sealer(StaticKeys.parse(f"k2:{K2}")).open_text(stored, Where("t", "reply"))
     with pytest.raises(KeyUnavailable, match="no keys are configured"):
         NO_SEALING.open_text(stored, Where("t", "reply"))
