@@ -499,6 +499,30 @@ def bench_recovery() -> str:
     )
 
 
+def bench_sealing() -> str:
+    """Encryption at rest: sealed against clear, per step and per resume."""
+    sealing = _section("sealing")
+    rows = []
+    for label, key, unit, fmt in (
+        ("a model or `safe` step (intent + outcome)", "step", "us", "{:,.0f} µs"),
+        ("control: no key on either side", "control", "us", "{:,.0f} µs"),
+    ):
+        part = sealing[key]
+        clear, sealed = _median(part[f"clear_{unit}"]), _median(part[f"sealed_{unit}"])
+        rows.append([label, fmt.format(clear), fmt.format(sealed), f"{sealed / clear:.2f}x"])
+    resume = sealing["resume"]
+    clear, sealed = _median(resume["clear_ms"]), _median(resume["sealed_ms"])
+    rows.append(
+        [
+            f"resume of {resume['steps'] - 1:,} steps",
+            f"{clear:,.1f} ms",
+            f"{sealed:,.1f} ms",
+            f"{sealed / clear:.2f}x",
+        ]
+    )
+    return table(["measure", "clear", "sealed", "sealed / clear"], rows) + "\n"
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "cli": cli_reference,
     "configuration": configuration_reference,
@@ -508,4 +532,5 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "bench-resume": bench_resume,
     "bench-growth": bench_growth,
     "bench-recovery": bench_recovery,
+    "bench-sealing": bench_sealing,
 }

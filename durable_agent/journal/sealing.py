@@ -197,12 +197,13 @@ class Sealer:
             encoded = dumps(value)
         if self.newest is None:
             return encoded
-        sealed: dict[str, Any] = {SEALED_KEY: self._token(encoded.encode(), where)}
-        if isinstance(value, dict):
+        # the token is a key id and base64: nothing in it needs escaping
+        sealed = '{"' + SEALED_KEY + '":"' + self._token(encoded.encode(), where) + '"'
+        if type(value) is dict:
             for key in CLEAR_KEYS.get(where.field, ()):
                 if key in value:
-                    sealed[key] = value[key]
-        return json.dumps(sealed, separators=(",", ":"), ensure_ascii=False)
+                    sealed += ',"' + key + '":' + json.dumps(value[key], ensure_ascii=False)
+        return sealed + "}"
 
     def blob_id(self, encoded: str) -> str:
         """The id of a blob holding ``encoded``: its sha256, keyed when sealing (a plain hash
@@ -215,7 +216,7 @@ class Sealer:
         assert self.newest is not None
         nonce = os.urandom(_NONCE)
         sealed = self._cipher(self.newest, where).encrypt(nonce, plain, where.aad())
-        return self.newest + ":" + base64.b64encode(nonce + sealed).decode()
+        return self.newest + ":" + binascii.b2a_base64(nonce + sealed, newline=False).decode()
 
     # -- reading --------------------------------------------------------------------------
 
@@ -227,7 +228,7 @@ class Sealer:
     def open_json(self, stored: Any, where: Where) -> Any:
         if not (type(stored) is dict and SEALED_KEY in stored):
             return stored
-        return json.loads(self._open(stored[SEALED_KEY], where))
+        return json.loads(self._open(stored[SEALED_KEY], where).decode())
 
     def key_of(self, stored: Any) -> str | None:
         """The id of the key that sealed a stored value (None: clear)."""
@@ -243,7 +244,7 @@ class Sealer:
         key_id, _, encoded = token.partition(":")
         cipher = self._cipher(key_id, where)
         try:
-            raw = base64.b64decode(encoded, validate=True)
+            raw = binascii.a2b_base64(encoded, strict_mode=True)
             return bytes(cipher.decrypt(raw[:_NONCE], raw[_NONCE:], where.aad()))
         except Exception as error:  # InvalidTag, bad base64, too short
             raise PayloadTampered(
@@ -290,6 +291,7 @@ class Sealer:
         if not columns or not rows:
             return
         keyed = isinstance(rows[0], dict)
+        at = {field: (field if keyed else names.index(field)) for field in _PLACE if field in names}
         for number, row in enumerate(rows):
             for index, name, column in columns:
                 value = row[name] if keyed else row[index]
@@ -298,7 +300,7 @@ class Sealer:
                         continue
                 elif not (type(value) is str and value.startswith(MARK)):
                     continue
-                where = _where(query, names, row, keyed, name, column)
+                where = _where(query, row, at, name, column)
                 if column.json:
                     opened = self.open_json(value, where)
                 else:
@@ -311,21 +313,19 @@ class Sealer:
                     row[index] = opened
 
 
-def _where(
-    query: str, names: Sequence[str], row: Any, keyed: bool, name: str, column: Column
-) -> Where:
-    def get(field: str) -> Any:
-        if keyed:
-            return row.get(field)
-        return row[names.index(field)] if field in names else None
+_PLACE = ("turn_id", "step", "blob")
 
-    turn_id = get("turn_id")
+
+def _where(query: str, row: Any, at: dict[str, Any], name: str, column: Column) -> Where:
+    turn_id = row[at["turn_id"]] if "turn_id" in at else None
     if turn_id is None:
         raise ConfigurationError(f"query {query} returns a sealed {name} without its turn_id")
-    if name == "output" and get("blob"):
-        return Where(turn_id, "data", blob=get("blob"))
-    step = get("step") if column.per_step else None
-    if column.per_step and step is None:
+    if name == "output" and "blob" in at and row[at["blob"]]:
+        return Where(turn_id, "data", blob=row[at["blob"]])
+    if not column.per_step:
+        return Where(turn_id, name)
+    step = row[at["step"]] if "step" in at else None
+    if step is None:
         raise ConfigurationError(f"query {query} returns a sealed {name} without its step")
     return Where(turn_id, name, step)
 
