@@ -133,13 +133,16 @@ def test_each_role_does_its_job_and_no_more(
 
     # a worker's sweeper pass (and its uncertain-effects hooks) runs under its role
     worker.sweeper().sweep_once()
+    # a worker appends to the audit trail (a resume under a changed agent), not read it
+    worker.operator_store.audit("agent_changed", "w", turn_id=turn, interface="worker")
+    _refused(lambda: ops.audit_trail(settings=worker.settings))
 
     # operators prune and cancel
     other = app.start_turn("s2", "hello")
     assert ops.cancel_turn(other, "not needed", by="ops", settings=operator.settings).cancelled
     ops.prune(3600.0, by="ops", settings=operator.settings)
     actions = {e.action for e in ops.audit_trail(settings=operator.settings)}
-    assert actions == {"approve", "cancel", "prune"}
+    assert actions == {"approve", "agent_changed", "cancel", "prune"}
 
 
 def test_roles_made_again_and_for_a_second_database(

@@ -874,11 +874,11 @@ SELECT max(version) FROM schema_version;
 -- ---------------------------------------------------------------------------------------
 
 -- name: record_audit
--- One operator action (or a turn resumed under a changed agent), appended.
+-- One operator action (or a turn resumed under a changed agent), appended. No RETURNING:
+-- a worker may append to the trail, not read it.
 INSERT INTO audit_log (at, actor, action, interface, turn_id, step, before, after)
 VALUES (durable_agent_now(), :actor, :action, :interface, :turn_id, :step,
-        CAST(:before AS jsonb), CAST(:after AS jsonb))
-RETURNING audit_id;
+        CAST(:before AS jsonb), CAST(:after AS jsonb));
 
 -- name: audit_entries
 -- The trail newest first, each filter NULL when not asked for.
