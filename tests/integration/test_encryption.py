@@ -269,3 +269,44 @@ def test_rotation_while_turns_run_loses_and_garbles_nothing(
         assert only_k2.get_turn(turn.turn_id).reply == REPLY
         steps = only_k2.journal.load_journal(turn.turn_id)
         assert [s.name for s in steps] == ["llm", "lookup_note", "llm", "send_email", "llm"]
+
+
+def test_the_command_line_reads_sealed_turns(
+    runtimes: Callable[..., Runtime],
+    settings: Settings,
+    inbox: SmtpInbox,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """journal, watch, wait, turns, replay and spend with the key; without it one line
+    naming the key, exit 2."""
+    from durable_agent.cli import main
+    from durable_agent.journal import set_interface
+
+    runtime = runtimes(f"k1:{K1}")
+    turn = runtime.journal.create_turn("s", MESSAGE)
+    assert _worker(runtime).handle(turn.turn_id).outcome == "done"
+    monkeypatch.setenv("DURABLE_AGENT_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("DURABLE_AGENT_TOOLS", "durable_agent_examples.email_tools")
+    monkeypatch.setenv("DURABLE_AGENT_KEYS", f"k2:{K2},k1:{K1}")
+    try:
+        for argv in (
+            ["journal", turn.turn_id, "--json"],
+            ["watch", turn.turn_id, "--json", "--timeout", "5"],
+            ["wait", turn.turn_id, "--timeout", "5"],
+            ["turns", "--json"],
+            ["replay", turn.turn_id],
+            ["spend", "--json"],
+        ):
+            assert main(argv) == 0, argv
+            printed = capsys.readouterr().out
+            if argv[0] in ("journal", "watch"):
+                assert "ada@example.com" in printed, argv
+            if argv[0] == "wait":
+                assert printed.strip() == REPLY
+        monkeypatch.setenv("DURABLE_AGENT_KEYS", f"k3:{K3}")
+        assert main(["journal", turn.turn_id]) == 2
+        error = capsys.readouterr().err
+        assert "'k1'" in error and "holds k3" in error and len(error.strip().splitlines()) == 1
+    finally:
+        set_interface("python")
