@@ -1,4 +1,4 @@
-"""``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|sealing]``
+"""``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|sealing|timeline]``
 ``[--quick] [--json PATH]``:
 run the benchmarks, print tables (``--quick``: one round of each, smaller sizes, for CI).
 DBOS side by side is not here: ``make bench-peers`` runs ``python -m bench.peers`` in a
@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
             "door",
             "console",
             "sealing",
+            "timeline",
         ),
         default="all",
         help="the benchmark to run (default: all)",
@@ -104,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import sealing
 
         results["sealing"] = sealing.run(reps=args.reps)
+    if args.which in ("all", "timeline"):
+        from . import timeline
+
+        results["timeline"] = timeline.run(turns=10 if args.quick else 40)
     out.print(f"[dim]finished in {time.monotonic() - started:.0f} s[/dim]")
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")

@@ -523,6 +523,32 @@ def bench_sealing() -> str:
     return table(["measure", "clear", "sealed", "sealed / clear"], rows) + "\n"
 
 
+def bench_timeline() -> str:
+    timeline = _section("timeline")
+    rows = [
+        [cell(p["phase"]), f"{p['ours_ms']:.2f}", f"{p['bare_ms']:.2f}",
+         f"{p['ours_ms'] - p['bare_ms']:+.2f}"]
+        for p in timeline["phases"]
+    ]  # fmt: skip
+    statements = ", ".join(f"`{s['statement']}` {s['ms']:.2f}" for s in timeline["statements"])
+    when = timeline.get("date")
+    return (
+        table(
+            [
+                "phase (median ms over " + str(timeline["turns"]) + " turns)",
+                "durable-agent",
+                "bare Celery task",
+                "difference",
+            ],
+            rows,
+        )
+        + f"\n\nThe task's {timeline['statements_per_turn']:.0f} statements per turn, median ms: "
+        + statements
+        + (f". Measured {when}, in a run of its own (`python -m bench timeline`)." if when else ".")
+        + "\n"
+    )
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "cli": cli_reference,
     "configuration": configuration_reference,
@@ -533,4 +559,5 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "bench-growth": bench_growth,
     "bench-recovery": bench_recovery,
     "bench-sealing": bench_sealing,
+    "bench-timeline": bench_timeline,
 }
