@@ -520,7 +520,11 @@ def bench_sealing() -> str:
             f"{sealed / clear:.2f}x",
         ]
     )
-    return table(["measure", "clear", "sealed", "sealed / clear"], rows) + "\n"
+    run = bench_results().get("sealing_run", {})
+    when = f" Measured {run['date']}, {run['reps']} repetitions, in a run of its own" if run else ""
+    return table(["measure", "clear", "sealed", "sealed / clear"], rows) + (
+        f"\n\n{when.strip()} (`python -m bench sealing`).\n" if when else "\n"
+    )
 
 
 def bench_timeline() -> str:
