@@ -63,6 +63,7 @@ A query that must see the stored form aliases the column (``input AS stored_inpu
 CLEAR_KEYS: dict[str, tuple[str, ...]] = {
     "input": ("model",),
     "output": ("usage", "uncertain"),
+    "data": ("usage", "uncertain"),  # an output large enough to go to blobs
 }
 """Top-level keys of a sealed jsonb value kept clear beside the token: what SQL reads
 (the spend ledger's model and token counts, the uncertain-effects inbox's flag)."""

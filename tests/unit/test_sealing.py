@@ -87,6 +87,8 @@ def test_output_keeps_usage_and_the_uncertain_flag_clear() -> None:
     value = {"usage": {"prompt_tokens": 3}, "uncertain": True, "content": "secret"}
     stored = json.loads(sealer.json(value, Where("t", "output", 0), dumps(value)))
     assert set(stored) == {SEALED_KEY, "usage", "uncertain"}
+    blob = json.loads(sealer.json(value, Where("t", "data", blob="b1")))
+    assert set(blob) == {SEALED_KEY, "usage", "uncertain"}  # the spend ledger reads blobs too
 
 
 def test_a_retired_or_missing_key_is_named() -> None:
