@@ -310,3 +310,25 @@ def test_the_command_line_reads_sealed_turns(
         assert "'k1'" in error and "holds k3" in error and len(error.strip().splitlines()) == 1
     finally:
         set_interface("python")
+
+
+def test_the_console_shows_sealed_turns_and_names_a_missing_key(
+    runtimes: Callable[..., Runtime], inbox: SmtpInbox
+) -> None:
+    from starlette.testclient import TestClient
+
+    from durable_agent.web.app import create_app
+    from durable_agent.web.auth import Authenticator
+
+    token = "tok-0123456789abcdef"
+    runtime = runtimes(f"k1:{K1}")
+    turn = runtime.journal.create_turn("s", MESSAGE)
+    assert _worker(runtime).handle(turn.turn_id).outcome == "done"
+    headers = {"Authorization": f"Bearer {token}"}
+    for keys, status, shown in (
+        (f"k1:{K1}", 200, "ada@example.com"),
+        (f"k3:{K3}", 503, "sealed with key &#39;k1&#39;"),
+    ):
+        app = create_app(runtimes(keys), Authenticator({}, token))
+        page = TestClient(app).get(f"/turns/{turn.turn_id}", headers=headers)
+        assert page.status_code == status and shown in page.text, page.text[:2000]
