@@ -47,6 +47,7 @@ class Column(NamedTuple):
 
     json: bool  # a jsonb column (else text)
     per_step: bool  # bound to (turn, step, field) (else to (turn, field))
+    key: str | None = None  # a column of the row bound too (e.g. an event's event_id)
 
 
 SEALED_COLUMNS: dict[str, Column] = {
@@ -58,7 +59,10 @@ SEALED_COLUMNS: dict[str, Column] = {
 }
 """Result columns opened wherever a query returns them (a row with one of them names its
 ``turn_id``, and ``step`` for a per-step one; ``output`` with a ``blob`` came from blobs).
-A query that must see the stored form aliases the column (``input AS stored_input``)."""
+A query that must see the stored form aliases the column (``input AS stored_input``).
+A new payload column is one entry here and one call where it is written: e.g. an event's
+``payload``, ``Column(json=True, per_step=False, key="event_id")`` here and
+``sealer.json(payload, Where(turn_id, "payload", key=event_id))`` in its store."""
 
 CLEAR_KEYS: dict[str, tuple[str, ...]] = {
     "input": ("model",),
@@ -140,18 +144,21 @@ class Where(NamedTuple):
     field: str
     step: int | None = None
     blob: str | None = None
+    key: str | None = None  # another id of the row (an event's), bound too
 
     def aad(self) -> bytes:
         if self.blob is not None:
             return _AAD_PREFIX + f"blob\x00{self.blob}".encode()
         step = "" if self.step is None else str(self.step)
-        return _AAD_PREFIX + f"{self.turn_id}\x00{step}\x00{self.field}".encode()
+        aad = f"{self.turn_id}\x00{step}\x00{self.field}"
+        return _AAD_PREFIX + (aad if self.key is None else f"{aad}\x00{self.key}").encode()
 
     def describe(self) -> str:
         if self.blob is not None:
             return f"blob {self.blob[:12]}"
         step = "" if self.step is None else f" step {self.step}"
-        return f"turn {self.turn_id}{step} {self.field}"
+        key = "" if self.key is None else f" ({self.key})"
+        return f"turn {self.turn_id}{step} {self.field}{key}"
 
 
 class Sealer:
@@ -292,7 +299,8 @@ class Sealer:
         if not columns or not rows:
             return
         keyed = isinstance(rows[0], dict)
-        at = {field: (field if keyed else names.index(field)) for field in _PLACE if field in names}
+        places = {*_PLACE, *(column.key for _, _, column in columns if column.key)}
+        at = {field: (field if keyed else names.index(field)) for field in places if field in names}
         for number, row in enumerate(rows):
             for index, name, column in columns:
                 value = row[name] if keyed else row[index]
@@ -323,12 +331,19 @@ def _where(query: str, row: Any, at: dict[str, Any], name: str, column: Column) 
         raise ConfigurationError(f"query {query} returns a sealed {name} without its turn_id")
     if name == "output" and "blob" in at and row[at["blob"]]:
         return Where(turn_id, "data", blob=row[at["blob"]])
+    key = None
+    if column.key is not None:
+        key = row[at[column.key]] if column.key in at else None
+        if key is None:
+            raise ConfigurationError(
+                f"query {query} returns a sealed {name} without its {column.key}"
+            )
     if not column.per_step:
-        return Where(turn_id, name)
+        return Where(turn_id, name, key=key)
     step = row[at["step"]] if "step" in at else None
     if step is None:
         raise ConfigurationError(f"query {query} returns a sealed {name} without its step")
-    return Where(turn_id, name, step)
+    return Where(turn_id, name, step, key=key)
 
 
 NO_SEALING = Sealer(None)

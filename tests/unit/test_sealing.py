@@ -156,3 +156,21 @@ def test_a_key_provider_is_loaded_from_a_module(monkeypatch: pytest.MonkeyPatch)
         sealer_for("", "my_vault:nothing")
     with pytest.raises(ConfigurationError, match="not both"):
         sealer_for(f"k1:{K1}", "my_vault:provider")
+
+
+def test_a_new_payload_column_binds_its_own_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """How another table's payload joins the seam (an event's, say): one entry in
+    SEALED_COLUMNS naming the id it is bound to, one call where it is written."""
+    from durable_agent.journal import sealing
+
+    monkeypatch.setitem(
+        sealing.SEALED_COLUMNS, "payload", sealing.Column(json=True, per_step=False, key="event_id")
+    )
+    sealer = Sealer(StaticKeys.parse(f"k1:{K1}"))
+    stored = json.loads(sealer.json({"paid": 12}, Where("t", "payload", key="e-1")))
+    rows: list[dict[str, object]] = [{"turn_id": "t", "event_id": "e-1", "payload": stored}]
+    sealer.open_rows("events", list(rows[0]), rows)
+    assert rows[0]["payload"] == {"paid": 12}
+    moved = [{"turn_id": "t", "event_id": "e-2", "payload": stored}]
+    with pytest.raises(PayloadTampered, match=r"turn t payload \(e-2\)"):
+        sealer.open_rows("events", list(moved[0]), moved)
