@@ -16,7 +16,14 @@ from psycopg import sql
 
 from durable_agent import ops
 from durable_agent.cli import main
-from durable_agent.journal import Database, RoleNames, create_roles, migrate, role_names
+from durable_agent.journal import (
+    Database,
+    RoleNames,
+    create_roles,
+    migrate,
+    role_names,
+    set_interface,
+)
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
 from durable_agent.step.tools import load_tools
@@ -170,3 +177,28 @@ def test_roles_print_gives_the_sql_and_changes_nothing(
     assert 'CREATE ROLE "acme_application" NOLOGIN' in text
     assert 'GRANT UPDATE (enqueued_at, message_id) ON turns TO "acme_application"' in text
     assert main(["roles", "--print", "--prefix", "Bad Prefix"]) == 2
+
+
+def test_the_roles_command_makes_login_roles_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    settings: Settings,
+    database_url: str,
+) -> None:
+    names = role_names(f"da_{uuid.uuid4().hex[:10]}")
+    monkeypatch.setenv("DURABLE_AGENT_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("DURABLE_AGENT_WORKER_PASSWORD", "a-worker-password")
+    prefix = names.worker.removesuffix("_worker")
+    try:
+        assert main(["roles", "--prefix", prefix]) == 0
+        printed = capsys.readouterr().out
+        assert f"{names.worker} (login)" in printed and "a-worker-password" not in printed
+        with psycopg.connect(_as(database_url, names.worker), autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM journal").fetchone() == (0,)
+        with pytest.raises(psycopg.OperationalError):  # no password given: no login
+            psycopg.connect(_as(database_url, names.application)).close()
+        assert main(["keygen", "k9"]) == 0
+        assert capsys.readouterr().out.startswith("k9:")
+    finally:
+        _drop(database_url, names, [database_url])
+        set_interface("python")  # main() set the command line's
