@@ -32,6 +32,12 @@ from durable_agent.testing import ScriptedModelServer, SmtpInbox
 MESSAGE = "Please email the note launch to ada@example.com"
 
 
+@pytest.fixture(autouse=True)
+def python_interface() -> Iterator[None]:
+    yield
+    set_interface("python")  # main() sets the command line's for the rest of the process
+
+
 def _as(url: str, role: str) -> str:
     info = psycopg.conninfo.conninfo_to_dict(url)
     return f"postgresql://{role}@{info['host']}:{info['port']}/{info['dbname']}"
@@ -201,4 +207,3 @@ def test_the_roles_command_makes_login_roles_from_the_environment(
         assert capsys.readouterr().out.startswith("k9:")
     finally:
         _drop(database_url, names, [database_url])
-        set_interface("python")  # main() set the command line's
