@@ -131,7 +131,7 @@ def bench_resume(url: str, sealer: Sealer, *, steps: int, reps: int) -> dict[str
         stored = psycopg.connect(url, autocommit=True).execute(
             "SELECT input FROM journal WHERE turn_id = %s AND step = 0", (turns[1][0],)
         )
-        if "$sealed" not in json.dumps(stored.fetchone()):
+        if '"$": "k1:' not in json.dumps(stored.fetchone()):
             raise RuntimeError("the sealed turn is not sealed")
 
         def resume(side: int) -> float:

@@ -30,10 +30,11 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row, tuple_row
+from psycopg.types.json import JsonbLoader
 
 from ..errors import ConfigurationError, InvalidArgument, ServiceUnavailable
 from .queries import Query, query
-from .sealing import NO_SEALING, Sealer
+from .sealing import NO_SEALING, Sealer, load_jsonb
 
 Row = dict[str, Any]
 T = TypeVar("T")
@@ -178,6 +179,12 @@ def _run(
     return [make(*row) for row in rows]
 
 
+class _JsonbLoader(JsonbLoader):
+    """jsonb, with a sealed value read as its token (:func:`~.sealing.load_jsonb`)."""
+
+    _loads = staticmethod(load_jsonb)
+
+
 class Database:
     """The process's connections to one Postgres database."""
 
@@ -197,6 +204,12 @@ class Database:
     # -- connections ----------------------------------------------------------------------
 
     def _connect(self) -> psycopg.Connection[Row]:
+        conn = self._open_connection()
+        # a sealed jsonb value is read as its token, not parsed (opened in _run)
+        conn.adapters.register_loader("jsonb", _JsonbLoader)
+        return conn
+
+    def _open_connection(self) -> psycopg.Connection[Row]:
         try:
             return psycopg.connect(
                 self.conninfo,

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from .db import Database, Row
-from .sealing import Sealer, Where
+from .sealing import SealedJson, Sealer, Where
 
 Progress = Callable[[str, int], None]
 """Told (table, rows sealed again) after each batch."""
@@ -83,6 +83,8 @@ def _stale(sealer: Sealer, stored: Any, count: RekeyCount) -> bool:
 
 
 def _json_text(stored: Any) -> str:
+    if isinstance(stored, SealedJson):
+        return stored.stored
     return json.dumps(stored, separators=(",", ":"), ensure_ascii=False)
 
 

@@ -9,7 +9,7 @@ replay) gets clear values without knowing that they were sealed.
 A sealed value says which key sealed it and carries a random 96-bit nonce; its associated
 data is where it lives (turn, step, field; a blob's id), so a ciphertext copied into another
 row does not open. A text column holds ``MARK + token``; a jsonb column holds
-``{"$sealed": token}`` plus clear copies of the few keys SQL filters and counts on
+``{"$": token}`` plus clear copies of the few keys SQL filters and counts on
 (:data:`CLEAR_KEYS`: a model step's model, its token usage, the ``uncertain`` flag). A value
 without the mark is clear: rows written before a key was configured read as they are, and
 ``durable-agent rekey`` seals them.
@@ -35,8 +35,11 @@ from ..errors import ConfigurationError, KeyUnavailable, PayloadTampered
 
 MARK = "\x1fsealed:"
 """The start of a sealed text value (a unit separator then ``sealed:``)."""
-SEALED_KEY = "$sealed"
-"""The key of a sealed jsonb value's token."""
+SEALED_KEY = "$"
+"""The key of a sealed jsonb value's token: one character, so that jsonb (which orders an
+object's keys by length first) always writes it first and a reader can find the token
+without parsing the object (:class:`SealedJson`)."""
+_SEALED_START = b'{"$": "'  # how Postgres writes a sealed jsonb value out
 KEY_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 _NONCE = 12
 _AAD_PREFIX = b"durable-agent/1\x00"
@@ -137,6 +140,27 @@ def new_key() -> str:
     return base64.b64encode(os.urandom(32)).decode()
 
 
+class SealedJson(str):
+    """A sealed jsonb value as our connections read it: its token, not parsed (``stored``:
+    the value as Postgres wrote it). :meth:`Sealer.open_json` opens it like the parsed
+    form ``{"$": token, ...}`` that other connections give."""
+
+    stored: str
+
+    def __new__(cls, token: str, stored: str) -> SealedJson:
+        value = super().__new__(cls, token)
+        value.stored = stored
+        return value
+
+
+def load_jsonb(data: str | bytes) -> Any:
+    """jsonb as text from Postgres: a sealed value's token without parsing it, else JSON."""
+    if isinstance(data, bytes) and data.startswith(_SEALED_START):
+        end = data.find(b'"', len(_SEALED_START))
+        return SealedJson(data[len(_SEALED_START) : end].decode(), data.decode())
+    return json.loads(data)
+
+
 class Where(NamedTuple):
     """The row a value belongs to: its associated data."""
 
@@ -234,13 +258,17 @@ class Sealer:
         return self._open(stored[len(MARK) :], where).decode()
 
     def open_json(self, stored: Any, where: Where) -> Any:
+        if type(stored) is SealedJson:
+            return json.loads(self._open(stored, where).decode())
         if not (type(stored) is dict and SEALED_KEY in stored):
             return stored
         return json.loads(self._open(stored[SEALED_KEY], where).decode())
 
     def key_of(self, stored: Any) -> str | None:
         """The id of the key that sealed a stored value (None: clear)."""
-        if type(stored) is str and stored.startswith(MARK):
+        if type(stored) is SealedJson:
+            token = str(stored)
+        elif type(stored) is str and stored.startswith(MARK):
             token = stored[len(MARK) :]
         elif type(stored) is dict and isinstance(stored.get(SEALED_KEY), str):
             token = stored[SEALED_KEY]
@@ -305,7 +333,9 @@ class Sealer:
             for index, name, column in columns:
                 value = row[name] if keyed else row[index]
                 if column.json:
-                    if not (type(value) is dict and SEALED_KEY in value):
+                    if type(value) is not SealedJson and not (
+                        type(value) is dict and SEALED_KEY in value
+                    ):
                         continue
                 elif not (type(value) is str and value.startswith(MARK)):
                     continue

@@ -174,3 +174,19 @@ def test_a_new_payload_column_binds_its_own_id(monkeypatch: pytest.MonkeyPatch) 
     moved = [{"turn_id": "t", "event_id": "e-2", "payload": stored}]
     with pytest.raises(PayloadTampered, match=r"turn t payload \(e-2\)"):
         sealer.open_rows("events", list(moved[0]), moved)
+
+
+def test_our_connections_read_a_sealed_jsonb_value_without_parsing_it() -> None:
+    """Postgres writes a sealed jsonb value with its one-character key first; the token is
+    taken from the text, and the value opens like the parsed object other connections get."""
+    from durable_agent.journal.sealing import SealedJson, load_jsonb
+
+    sealer = Sealer(StaticKeys.parse(f"k1:{K1}"))
+    here = Where("t", "output", 1)
+    parsed = json.loads(sealer.json({"usage": {"prompt_tokens": 2}, "x": 1}, here))
+    as_postgres_writes_it = json.dumps(parsed).encode()  # {"$": "k1:...", "usage": {...}}
+    loaded = load_jsonb(as_postgres_writes_it)
+    assert type(loaded) is SealedJson and sealer.key_of(loaded) == "k1"
+    assert sealer.open_json(loaded, here) == sealer.open_json(parsed, here)
+    assert sealer.open_json(loaded, here) == {"usage": {"prompt_tokens": 2}, "x": 1}
+    assert load_jsonb(b'{"a": 1}') == {"a": 1}
