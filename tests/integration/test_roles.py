@@ -150,6 +150,22 @@ def test_each_role_does_its_job_and_no_more(
     worker.operator_store.audit("agent_changed", "w", turn_id=turn, interface="worker")
     _refused(lambda: ops.audit_trail(settings=worker.settings))
 
+    # operators record verdicts (an identity column: no grant on its sequence needed)
+    with psycopg.connect(operator.settings.database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO resolutions (turn_id, step, verdict, resolved_by) "
+            "VALUES (%s, 3, 'ignored', 'ops')",
+            (turn,),
+        )
+    with psycopg.connect(worker.settings.database_url, autocommit=True) as conn:
+        _refused(
+            lambda: conn.execute(
+                "INSERT INTO resolutions (turn_id, step, verdict, resolved_by) "
+                "VALUES (%s, 3, 'happened', 'w')",
+                (turn,),
+            )
+        )
+
     # operators prune and cancel
     other = app.start_turn("s2", "hello")
     assert ops.cancel_turn(other, "not needed", by="ops", settings=operator.settings).cancelled
