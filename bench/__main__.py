@@ -1,5 +1,5 @@
-"""``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|timeline|``
-``telemetry]``
+"""``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|sealing|``
+``timeline|telemetry]``
 ``[--quick] [--json PATH]``:
 run the benchmarks, print tables (``--quick``: one round of each, smaller sizes, for CI).
 DBOS side by side is not here: ``make bench-peers`` runs ``python -m bench.peers`` in a
@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
             "door",
             "console",
             "telemetry",
+            "sealing",
             "timeline",
         ),
         default="all",
@@ -109,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
             results["telemetry"] = telemetry.run(reps=1, turns=5, big=0)
         else:
             results["telemetry"] = telemetry.run(reps=args.reps)
+    if args.which in ("all", "sealing"):
+        from . import sealing
+
+        results["sealing"] = sealing.run(reps=args.reps)
     if args.which in ("all", "timeline"):
         from . import timeline
 

@@ -106,7 +106,14 @@ def start_in_transaction(
     _check_same_database(runtime, conn)
     trace = runtime.trace_context()  # the caller's span, when tracing is on
     turn = record_turn(
-        conn, session_id, message, turn_id, queue=queue, agent=name, trace_context=trace
+        conn,
+        session_id,
+        message,
+        turn_id,
+        queue=queue,
+        agent=name,
+        trace_context=trace,
+        sealer=runtime.database.sealer,
     )
     if turn.status in (TurnStatus.QUEUED, TurnStatus.RUNNING):
         ring = Doorbell(runtime, turn.session_id, turn.turn_id, turn.queue, trace or "")

@@ -15,7 +15,7 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import ConfigurationError
-from .journal import Price, parse_prices
+from .journal import Price, Sealer, StaticKeys, parse_prices, sealer_for
 from .redact import remember_secrets, url_password
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -216,6 +216,31 @@ class Settings(BaseSettings):
         "characters; never shown); actions taken with it are recorded as by 'token'",
     )
 
+    keys: str = Field(
+        default="",
+        repr=False,
+        description="keys that seal payloads at rest (AES-256-GCM): KEY_ID:BASE64_OF_32_BYTES, "
+        "comma-separated, newest first; new writes use the first, reads any (never shown)",
+    )
+    key_provider: str = Field(
+        default="",
+        description="module:callable giving a KeyProvider (a KMS, a vault) instead of "
+        "DURABLE_AGENT_KEYS",
+    )
+
+    @field_validator("keys")
+    @classmethod
+    def _keys(cls, value: str) -> str:
+        try:
+            StaticKeys.parse(value)
+        except ConfigurationError as error:
+            raise ValueError(str(error).removeprefix("DURABLE_AGENT_KEYS: ")) from None
+        return value
+
+    def sealer(self) -> Sealer:
+        """What seals and opens payloads (seals nothing when no key is configured)."""
+        return sealer_for(self.keys, self.key_provider)
+
     @field_validator("console_auth")
     @classmethod
     def _logins(cls, value: str) -> str:
@@ -242,13 +267,14 @@ class Settings(BaseSettings):
 
     def secrets(self) -> list[str | None]:
         """The configured credentials: the API key, the database and broker passwords, the
-        console's passwords and token."""
+        console's passwords and token, the encryption keys."""
         return [
             self.openai_api_key,
             url_password(self.database_url),
             url_password(self.broker_url),
             *self.console_logins.values(),
             self.console_token or None,
+            *(key.partition(":")[2].strip() for key in self.keys.split(",")),
         ]
 
     @field_validator("database_url")
