@@ -1,4 +1,5 @@
-"""``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|timeline|waits]``
+"""``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|sealing|``
+``timeline|telemetry|waits]``
 ``[--quick] [--json PATH]``:
 run the benchmarks, print tables (``--quick``: one round of each, smaller sizes, for CI).
 DBOS side by side is not here: ``make bench-peers`` runs ``python -m bench.peers`` in a
@@ -20,7 +21,7 @@ from . import machine
 
 BENCHMARKS = (
     "all", "journal", "throughput", "resume", "growth", "recovery", "door", "console",
-    "timeline", "waits",
+    "telemetry", "sealing", "timeline", "waits",
 )  # fmt: skip
 
 
@@ -95,6 +96,17 @@ def main(argv: list[str] | None = None) -> int:
         from . import console_pages
 
         results["console"] = console_pages.run(samples=5 if args.quick else console_pages.SAMPLES)
+    if args.which in ("all", "telemetry"):
+        from . import telemetry
+
+        if args.quick:
+            results["telemetry"] = telemetry.run(reps=1, turns=5, big=0)
+        else:
+            results["telemetry"] = telemetry.run(reps=args.reps)
+    if args.which in ("all", "sealing"):
+        from . import sealing
+
+        results["sealing"] = sealing.run(reps=args.reps)
     if args.which in ("all", "timeline"):
         from . import timeline
 

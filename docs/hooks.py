@@ -217,7 +217,8 @@ def cli_reference() -> str:
 
 # -- the configuration -----------------------------------------------------------------------
 
-# Read outside Settings, by the worker's fault injection: one row each, kept here.
+# Read outside Settings (the worker's fault injection; OpenTelemetry's SDK): one row each,
+# kept here.
 OTHER_VARIABLES = [
     (
         "CRASH_AT",
@@ -227,6 +228,16 @@ OTHER_VARIABLES = [
         "exits at exactly that point (for the crash matrix and tests; inert when unset), once "
         "per worker (a prefork child that fired is replaced by one that is not armed); a tool "
         "the worker does not have stops its start (exit 2)",
+    ),
+    (
+        "OTEL_*",
+        "str",
+        "(unset)",
+        "with `DURABLE_AGENT_TRACING=true`, OpenTelemetry's own variables say where a worker "
+        "exports its spans over OTLP/HTTP: `OTEL_EXPORTER_OTLP_ENDPOINT` (or "
+        "`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), `OTEL_SERVICE_NAME` (default `durable-agent`), "
+        "`OTEL_RESOURCE_ATTRIBUTES`, `OTEL_BSP_SCHEDULE_DELAY`, ... (read by the SDK; see "
+        "[Traces and metrics](../how-to/observability.md))",
     ),
 ]
 LONG_DEFAULT = 60
@@ -541,6 +552,62 @@ def bench_waits() -> str:
     )
 
 
+def bench_telemetry() -> str:
+    section = _section("telemetry")
+    tracing = section["tracing"]
+    off, on = tracing["off"]["median"], tracing["on"]["median"]
+    rows = [
+        [
+            f"a {section['steps']}-step turn, real Postgres, in-process model",
+            f"{off:.2f} ms",
+            f"{on:.2f} ms",
+            f"**{tracing['ratio']:.3f}x**",
+        ]
+    ]
+    scrapes = []
+    for key in ("scrape_small", "scrape_big"):
+        if key in section:
+            found = section[key]
+            scrapes.append([f"{found['turns']:,}", f"{_median(found['ms']):.1f} ms"])
+    return (
+        table(["per turn", "tracing off", "tracing on", "on / off"], rows)
+        + f"\n\nMedian of {len(tracing['on']['samples'])} alternating repetitions of "
+        f"{section['turns_per_rep']} turns each; on: the SDK's batch processor, spans "
+        "dropped by its exporter. Metrics cost a turn nothing (nothing is counted on its "
+        "path); a scrape of `durable-agent metrics` costs:\n\n"
+        + table(["turns in Postgres", "a scrape (median)"], scrapes)
+        + "\n"
+    )
+
+
+def bench_sealing() -> str:
+    """Encryption at rest: sealed against clear, per step and per resume."""
+    sealing = _section("sealing")
+    rows = []
+    for label, key, unit, fmt in (
+        ("a model or `safe` step (intent + outcome)", "step", "us", "{:,.0f} µs"),
+        ("control: no key on either side", "control", "us", "{:,.0f} µs"),
+    ):
+        part = sealing[key]
+        clear, sealed = _median(part[f"clear_{unit}"]), _median(part[f"sealed_{unit}"])
+        rows.append([label, fmt.format(clear), fmt.format(sealed), f"{sealed / clear:.2f}x"])
+    resume = sealing["resume"]
+    clear, sealed = _median(resume["clear_ms"]), _median(resume["sealed_ms"])
+    rows.append(
+        [
+            f"resume of {resume['steps'] - 1:,} steps",
+            f"{clear:,.1f} ms",
+            f"{sealed:,.1f} ms",
+            f"{sealed / clear:.2f}x",
+        ]
+    )
+    run = bench_results().get("sealing_run", {})
+    when = f" Measured {run['date']}, {run['reps']} repetitions, in a run of its own" if run else ""
+    return table(["measure", "clear", "sealed", "sealed / clear"], rows) + (
+        f"\n\n{when.strip()} (`python -m bench sealing`).\n" if when else "\n"
+    )
+
+
 def bench_timeline() -> str:
     timeline = _section("timeline")
     rows = [
@@ -576,6 +643,8 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "bench-resume": bench_resume,
     "bench-growth": bench_growth,
     "bench-recovery": bench_recovery,
+    "bench-telemetry": bench_telemetry,
+    "bench-sealing": bench_sealing,
     "bench-timeline": bench_timeline,
     "bench-waits": bench_waits,
 }

@@ -10,8 +10,10 @@ from .errors import (
     ConfigurationError,
     DurableAgentError,
     InvalidArgument,
+    KeyUnavailable,
     LeaseLost,
     ModelUnavailable,
+    PayloadTampered,
     ReplayDiverged,
     ServiceUnavailable,
     StepLimitReached,
@@ -20,16 +22,18 @@ from .errors import (
     TurnFailed,
     TurnNotFound,
 )
-from .journal import Step, Turn, TurnStatus
+from .journal import KeyProvider, Step, Turn, TurnStatus
 from .operate.events import EventSent
 from .operate.live import TurnEvent
 from .ops import (
     approve,
+    audit_trail,
     cancel_turn,
     deny,
     list_approvals,
     list_uncertain,
     prune,
+    rekey,
     resolve_uncertain,
 )
 from .runtime import Runtime, runtime_for
@@ -56,9 +60,12 @@ __all__ = [
     "EventResult",
     "EventSent",
     "InvalidArgument",
+    "KeyProvider",
+    "KeyUnavailable",
     "LeaseLost",
     "Loop",
     "ModelUnavailable",
+    "PayloadTampered",
     "ReplayDiverged",
     "Runtime",
     "ServiceUnavailable",
@@ -77,6 +84,7 @@ __all__ = [
     "agent_tool",
     "agent_turn",
     "approve",
+    "audit_trail",
     "cancel_turn",
     "current_call",
     "deny",
@@ -86,6 +94,7 @@ __all__ = [
     "list_events",
     "list_uncertain",
     "prune",
+    "rekey",
     "resolve_uncertain",
     "run_turn",
     "runtime_for",

@@ -50,6 +50,7 @@ from .operate.spend import check_grouping, spend_of_turns, spend_report
 from .redact import remember_secrets
 from .settings import Settings, load_settings
 from .step.tools import ToolRegistry, import_module, load_tools
+from .telemetry import TelemetryParts
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -68,7 +69,7 @@ T = TypeVar("T")
 MAX_LIST = 10_000
 
 
-class Runtime:
+class Runtime(TelemetryParts):
     """Everything a durable-agent process needs, built from one Settings object."""
 
     def __init__(self, settings: Settings | None = None, *, tools: ToolRegistry | None = None):
@@ -103,7 +104,8 @@ class Runtime:
 
     @property
     def database(self) -> Database:
-        return self._part("database", lambda: Database(self.settings.database_url))
+        url, sealer = self.settings.database_url, self.settings.sealer
+        return self._part("database", lambda: Database(url, sealer=sealer()))
 
     @property
     def journal(self) -> JournalStore:
@@ -211,6 +213,7 @@ class Runtime:
             model=self.model,
             outage=self.outage,
             faults=faults,
+            observe_steps=self.tracing.steps if self.tracing is not None else None,
         )
 
     def sweeper(self) -> Sweeper:
@@ -220,16 +223,16 @@ class Runtime:
             "sweeper",
             lambda: Sweeper(
                 self.settings, self.leases, self.outage, self.publish, self.notify_uncertain
-            ),
+            ).counted_by(self.counters),
         )
 
     # -- wiring for the lower modules ---------------------------------------------------
 
-    def publish(self, session_id: str, turn_id: str, *, queue: str = "", message_id: str) -> None:
-        """Put ``run_turn(session_id, turn_id)`` on the broker with this runtime's app."""
+    def publish(self, session_id: str, turn_id: str, **message: Any) -> None:
+        """``doorbell.send`` with this runtime's app (``queue``, ``message_id``, ``trace``)."""
         from .delivery.doorbell import send
 
-        send(self.celery, session_id, turn_id, queue=queue, message_id=message_id)
+        send(self.celery, session_id, turn_id, **message)
 
     def store_end(self, turn_id: str) -> None:
         """Keep the end of the turn in Celery's result backend, if one is set, for
@@ -285,11 +288,10 @@ class Runtime:
 
     @property
     def queues(self) -> list[str]:
-        """The queues this runtime's workers serve (those of the agents they serve): a turn
-        of another queue is handed back."""
+        """The queues of the agents this runtime's workers serve (others are handed back)."""
         return self.agents.queues
 
-    def enqueue(self, session_id: str, turn_id: str, queue: str = "") -> None:
+    def enqueue(self, session_id: str, turn_id: str, queue: str = "", trace: str = "") -> None:
         """Send ``run_turn(session_id, turn_id)`` to the turn's queue (``""``: this
         runtime's), having noted first which message is the turn's latest."""
         from .delivery.doorbell import new_message_id
@@ -297,7 +299,7 @@ class Runtime:
         message_id = new_message_id()
         self.journal.mark_sent([turn_id], [message_id])
         try:
-            self.publish(session_id, turn_id, queue=queue, message_id=message_id)
+            self.publish(session_id, turn_id, queue=queue, message_id=message_id, trace=trace)
         except ServiceUnavailable:
             self.journal.unmark_sent(turn_id, message_id)
             raise
@@ -333,12 +335,13 @@ class Runtime:
                 self, connection, session_id, message, turn_id=turn_id, agent=agent
             )
         name, queue = self.agent_queue(agent)
+        trace = self.trace_context()  # the caller's span, when tracing is on
         turn = self.journal.create_turn(
-            session_id, message, turn_id=turn_id, queue=queue, agent=name
+            session_id, message, turn_id=turn_id, queue=queue, agent=name, trace_context=trace
         )
         if turn.status in (TurnStatus.QUEUED, TurnStatus.RUNNING):
             try:
-                self.enqueue(session_id, turn.turn_id, turn.queue)
+                self.enqueue(session_id, turn.turn_id, turn.queue, trace or "")
             except ServiceUnavailable as error:
                 log.warning(
                     "turn %s is recorded; %s; the sweeper will enqueue it", turn.turn_id, error
@@ -374,16 +377,14 @@ class Runtime:
         before: tuple[datetime, str] | None = None,
         limit: int = 50,
     ) -> list[Turn]:
-        """The turns that match ``turn_filter``, newest first, at most ``limit``; the next
-        page starts ``before`` the last one's ``(created_at, turn_id)`` (keyset paging:
-        every page costs the same). Without their spend ledgers (see ``with_spend``)."""
+        """The turns that match ``turn_filter``, newest first, at most ``limit``, without
+        their spend; the next page starts ``before`` the last one's (created_at, turn_id)."""
         check_count("limit", limit, MAX_LIST)
         return self.journal.find_turns(turn_filter or TurnFilter(), before=before, limit=limit)
 
     def workers(self, window_seconds: float = 3600.0) -> list[WorkerSeen]:
-        """The worker processes Postgres knows of: claims they hold, their furthest lease
-        (a heartbeat renews it every third of ``lease_seconds``), messages received within
-        ``window_seconds``."""
+        """The worker processes Postgres knows of: claims they hold, their furthest lease,
+        messages received within ``window_seconds``."""
         return self.journal.workers(window_seconds)
 
     def agents_seen(self) -> list[AgentSeen]:

@@ -15,7 +15,7 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import ConfigurationError
-from .journal import Price, parse_prices
+from .journal import Price, Sealer, StaticKeys, parse_prices, sealer_for
 from .redact import remember_secrets, url_password
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -189,6 +189,26 @@ class Settings(BaseSettings):
         "million tokens, comma-separated, by the model name sent, e.g. 'gpt-4o-mini=0.15/0.60'",
     )
 
+    tracing: bool = Field(
+        default=False,
+        description="send OpenTelemetry traces: a span for each delivery of a turn and each "
+        "step (needs the 'otel' extra); where to, as the standard OTEL_* variables say "
+        "(OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...)",
+    )
+    metrics_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="a worker's main process serves its Prometheus counters (sweeper "
+        "re-sends, poison messages) on this port (0: not served; needs the 'metrics' extra); "
+        "the fleet's figures come from `durable-agent metrics`",
+    )
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="the address a worker's metrics port listens on (0.0.0.0: every "
+        "interface, e.g. in a container)",
+    )
+
     console_auth: str = Field(
         default="",
         repr=False,
@@ -201,6 +221,31 @@ class Settings(BaseSettings):
         description="a bearer token for scripts that call the web console (at least 16 "
         "characters; never shown); actions taken with it are recorded as by 'token'",
     )
+
+    keys: str = Field(
+        default="",
+        repr=False,
+        description="keys that seal payloads at rest (AES-256-GCM): KEY_ID:BASE64_OF_32_BYTES, "
+        "comma-separated, newest first; new writes use the first, reads any (never shown)",
+    )
+    key_provider: str = Field(
+        default="",
+        description="module:callable giving a KeyProvider (a KMS, a vault) instead of "
+        "DURABLE_AGENT_KEYS",
+    )
+
+    @field_validator("keys")
+    @classmethod
+    def _keys(cls, value: str) -> str:
+        try:
+            StaticKeys.parse(value)
+        except ConfigurationError as error:
+            raise ValueError(str(error).removeprefix("DURABLE_AGENT_KEYS: ")) from None
+        return value
+
+    def sealer(self) -> Sealer:
+        """What seals and opens payloads (seals nothing when no key is configured)."""
+        return sealer_for(self.keys, self.key_provider)
 
     @field_validator("console_auth")
     @classmethod
@@ -228,13 +273,14 @@ class Settings(BaseSettings):
 
     def secrets(self) -> list[str | None]:
         """The configured credentials: the API key, the database and broker passwords, the
-        console's passwords and token."""
+        console's passwords and token, the encryption keys."""
         return [
             self.openai_api_key,
             url_password(self.database_url),
             url_password(self.broker_url),
             *self.console_logins.values(),
             self.console_token or None,
+            *(key.partition(":")[2].strip() for key in self.keys.split(",")),
         ]
 
     @field_validator("database_url")

@@ -42,11 +42,14 @@ from ..settings import Settings
 from ..step.agents import AgentBook, BoundAgent, changes
 from ..step.faults import Faults
 from ..step.loop import run_loop
+from ..step.observe import StepObserver
 from ..step.runner import StepRunner
 from .heartbeat import Heartbeat
 from .outage import Outage
 
 ModelCall = Callable[[dict[str, Any]], dict[str, Any]]
+ObserveSteps = Callable[[Claim], StepObserver]
+"""Gives the observer of one claimed delivery's steps (the tracer's, when tracing is on)."""
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +100,7 @@ class TurnWorker:
         model: ModelCall,
         outage: Outage,
         faults: Faults | None = None,
+        observe_steps: ObserveSteps | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -107,6 +111,7 @@ class TurnWorker:
         self.outage = outage
         self.faults = faults if faults is not None else Faults.from_env()
         self.waits = WaitStore(store.db)
+        self.observe_steps = observe_steps
         self._handed_back: dict[str, float] = {}  # turn id -> when this process handed it back
         self._told_back: set[str] = set()  # turns whose coming back was logged
 
@@ -194,6 +199,15 @@ class TurnWorker:
                 changed,
             )
         self.store.record_turn_agent(turn.turn_id, claim.epoch, digest, agent.spec(), changed)
+        if changed is not None:
+            self.operator_store.audit(
+                "agent_changed",
+                claim.owner,
+                turn_id=turn.turn_id,
+                before={"agent": agent.name, "digest": turn.agent_digest},
+                after={"agent": agent.name, "digest": digest, "changes": changed},
+                interface="worker",
+            )
 
     def _run(self, claim: Claim, agent: BoundAgent) -> Delivery:
         turn = claim.turn
@@ -238,6 +252,7 @@ class TurnWorker:
                         journal.flush,
                     ),
                     parking=parking,
+                    observer=self.observe_steps(claim) if self.observe_steps else None,
                 )
                 # the first turn of a session has no history: none is read then
                 history = self.store.session_history(turn.session_id, turn.seq) if turn.seq else []

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from .codec import dumps
 from .db import Database
 from .records import _Row
+from .sealing import Where
 
 WaitKind = Literal["approval", "sleep", "event", "child"]
 
@@ -144,7 +144,7 @@ class WaitStore:
     def consume_event(self, turn_id: str, epoch: int, step: int, name: str) -> Event | None:
         """The event the wait at ``step`` consumed (before, or now), or None."""
         row = self.db.one("consume_event", turn_id=turn_id, epoch=epoch, step=step, name=name)
-        return Event.from_row({**row, "turn_id": turn_id, "consumed_step": step}) if row else None
+        return Event.from_row({**row, "consumed_step": step}) if row else None
 
     def depth(self, turn_id: str) -> int:
         """0 for a turn an application started, 1 for its child, and so on."""
@@ -169,7 +169,7 @@ class WaitStore:
             epoch=epoch,
             parent_step=parent_step,
             turn_id=turn_id,
-            message=message,
+            message=self.db.sealer.text(message, Where(turn_id, "message")),
             agent=agent,
             queue=queue,
             depth=depth,
@@ -181,21 +181,19 @@ class WaitStore:
 
     def record_event(self, turn_id: str, event_id: str, name: str, payload: Any) -> Recorded:
         """Keep the event for the turn and wake the turn if it waits for that name, in one
-        transaction."""
-        with self.db.transaction() as tx:
-            row = tx.one(
-                "record_event",
-                turn_id=turn_id,
-                event_id=event_id,
-                name=name,
-                payload=dumps(payload),
-            )
-            if row is None:
-                return Recorded(None, False, None, False)
-            woke = False
-            if row["recorded"]:
-                woke = bool(tx.value("wake", turn_id=turn_id, kind="event", name=name))
-            return Recorded(row["status"], bool(row["recorded"]), row["recorded_name"], woke)
+        statement (``durable_agent_send_event``); the payload sealed when keys are set."""
+        row = self.db.one(
+            "record_event",
+            turn_id=turn_id,
+            event_id=event_id,
+            name=name,
+            payload=self.db.sealer.json(payload, Where(turn_id, "payload", key=event_id)),
+        )
+        if row is None:
+            return Recorded(None, False, None, False)
+        return Recorded(
+            row["status"], bool(row["recorded"]), row["recorded_name"], bool(row["woke"])
+        )
 
     def wake_due(self, batch: int = 500) -> list[str]:
         """Wake the parked turns whose time came (the sweeper)."""

@@ -58,6 +58,7 @@ def test_migrate_on_empty_database_applies_0001_and_records_it(empty_db: Databas
         "waits",
         "events",
         "child_turns",
+        "audit_log",
     }
     require_current(empty_db)  # does not raise
 
@@ -156,6 +157,7 @@ def test_migrations_build_exactly_schema_sql(
         "waits",
         "events",
         "child_turns",
+        "audit_log",
     }
 
 

@@ -373,3 +373,34 @@ def test_declared_events_refuse_other_names_at_once(
     strict = start("strict")  # declares "stop", waits for "go"
     delivery = worker.handle(strict)
     assert delivery.outcome == "failed" and "does not declare" in delivery.detail
+
+
+def test_sealed_events_and_child_messages_show_nothing_in_clear(
+    wait_settings: Settings, pg: Any, start: Callable[..., str]
+) -> None:
+    """With keys set, an event's payload (bound to its turn and event id) and a child turn's
+    message are sealed at rest, and read back clear by the turn that waits."""
+    from durable_agent.journal.sealing import new_key
+
+    runtime = Runtime(wait_settings.model_copy(update={"keys": f"k1:{new_key()}"}))
+    try:
+        worker = runtime.build_turn_worker()
+        waiter = runtime.start_turn("s-sealed", "hi", agent="waiter")
+        assert worker.handle(waiter).outcome == "parked"
+        send_event(waiter, "go", {"card": "4242-secret"}, event_id="e1", settings=runtime.settings)
+        assert worker.handle(waiter).outcome == "done"
+        assert "4242-secret" in (runtime.journal.get_turn(waiter).reply or "")
+        parent = runtime.start_turn("s-sealed-2", "child-secret ping", agent="delegator")
+        _, child, _ = worker.handle(parent).follow_up or ("", "", "")
+        assert worker.handle(child).outcome == "done"
+        dump = " ".join(
+            str(pg.execute(f"SELECT coalesce(string_agg(t::text, ' '), '') FROM {t} AS t")
+                .fetchone()[0])
+            for t in ("events", "turns", "journal")
+        )  # fmt: skip
+        assert "4242-secret" not in dump and "child-secret" not in dump
+        assert [e.payload for e in WaitStore(runtime.database).events(waiter)] == [
+            {"card": "4242-secret"}
+        ]
+    finally:
+        runtime.close()

@@ -8,9 +8,10 @@
 
 -- name: create_turn
 -- Record a new turn at the end of its session.
-INSERT INTO turns (turn_id, session_id, seq, message, queue, agent, created_at, updated_at)
+INSERT INTO turns (turn_id, session_id, seq, message, queue, agent, trace_context,
+                   created_at, updated_at)
 SELECT :turn_id, :session_id, coalesce(max(seq) + 1, 0), :message, :queue, :agent,
-       durable_agent_now(), durable_agent_now()
+       :trace_context, durable_agent_now(), durable_agent_now()
 FROM turns WHERE session_id = :session_id
 RETURNING turn_id, session_id, seq, status, message, reply, error, attempts, crashes,
           lease_owner, lease_epoch, lease_expires_at, not_before, enqueued_at,
@@ -42,7 +43,7 @@ FROM turns WHERE session_id = :session_id ORDER BY seq LIMIT :limit;
 
 -- name: session_history
 -- (user message, reply) of the session's earlier done turns, in order.
-SELECT message, reply FROM turns
+SELECT turn_id, message, reply FROM turns
 WHERE session_id = :session_id AND seq < :seq AND status = 'done'
 ORDER BY seq;
 
@@ -405,7 +406,7 @@ probes AS MATERIALIZED (
            OR q.last_received <= durable_agent_now() - make_interval(secs => :requeue_after))
 ),
 due AS (
-    SELECT c.session_id, c.seq, c.turn_id, c.queue, c.created_at,
+    SELECT c.session_id, c.seq, c.turn_id, c.queue, c.created_at, c.trace_context,
            CASE
              WHEN c.enqueued_at IS NULL AND c.lease_owner IS NULL AND c.lease_epoch > 0
                THEN 'woken'
@@ -434,7 +435,7 @@ due AS (
       AND (c.not_before IS NULL OR c.not_before <= durable_agent_now())
       AND (c.lease_owner IS NULL OR c.lease_expires_at <= durable_agent_now())
 )
-SELECT d.session_id, d.turn_id, d.queue, d.why
+SELECT d.session_id, d.turn_id, d.queue, d.why, d.trace_context
 FROM (SELECT * FROM due WHERE why IS NOT NULL ORDER BY created_at OFFSET 0) AS d
 WHERE NOT EXISTS (SELECT 1 FROM turns AS e
                   WHERE e.session_id = d.session_id AND e.seq < d.seq
@@ -756,25 +757,10 @@ WHERE turn_id = :turn_id AND status = 'queued' AND enqueued_at IS NULL
 RETURNING session_id, turn_id, queue;
 
 -- name: record_event
--- An event for an open turn, kept until a wait of that name consumes it; the same
--- (turn, event_id) again changes nothing. The turn row is updated (to itself) first, so
--- that a park running now sees the event or is woken after it (see durable_agent_wake).
--- Returns the turn's status (no row: no such turn) and whether the event is new.
-WITH target AS (
-    UPDATE turns SET updated_at = updated_at WHERE turn_id = :turn_id
-    RETURNING turn_id, status
-),
-sent AS (
-    INSERT INTO events (turn_id, event_id, name, payload, sent_at)
-    SELECT turn_id, :event_id, :name, CAST(:payload AS jsonb), durable_agent_now()
-    FROM target WHERE status IN ('queued', 'running', 'waiting')
-    ON CONFLICT (turn_id, event_id) DO NOTHING
-    RETURNING turn_id
-)
-SELECT t.status, EXISTS (SELECT 1 FROM sent) AS recorded,
-       (SELECT e.name FROM events AS e
-        WHERE e.turn_id = :turn_id AND e.event_id = :event_id) AS recorded_name
-FROM target AS t;
+-- An event for a turn (durable_agent_send_event): kept for an open turn, the turn woken if
+-- it waits for that name. No row: no such turn.
+SELECT turn_status AS status, recorded, recorded_name, woke
+FROM durable_agent_send_event(:turn_id, :event_id, :name, CAST(:payload AS jsonb));
 
 -- name: wake
 -- Wake the turn if it is parked for (kind, name) (see durable_agent_wake).
@@ -789,7 +775,7 @@ WITH fence AS (
     FOR SHARE
 ),
 mine AS (
-    SELECT e.event_id, e.name, e.payload, e.sent_at FROM events AS e
+    SELECT e.turn_id, e.event_id, e.name, e.payload, e.sent_at FROM events AS e
     WHERE e.turn_id = :turn_id AND e.consumed_step = :step
 ),
 oldest AS (
@@ -804,11 +790,11 @@ taken AS (
     UPDATE events AS e SET consumed_step = :step, consumed_at = durable_agent_now()
     FROM oldest
     WHERE e.turn_id = :turn_id AND e.event_id = oldest.event_id
-    RETURNING e.event_id, e.name, e.payload, e.sent_at
+    RETURNING e.turn_id, e.event_id, e.name, e.payload, e.sent_at
 )
-SELECT event_id, name, payload, sent_at FROM mine
+SELECT turn_id, event_id, name, payload, sent_at FROM mine
 UNION ALL
-SELECT event_id, name, payload, sent_at FROM taken;
+SELECT turn_id, event_id, name, payload, sent_at FROM taken;
 
 -- name: list_events
 -- The events sent to a turn, oldest first, with the step that consumed each (NULL: none
@@ -1050,3 +1036,145 @@ SELECT to_regclass('schema_version') IS NOT NULL;
 
 -- name: max_schema_version
 SELECT max(version) FROM schema_version;
+
+-- ---------------------------------------------------------------------------------------
+-- the fleet's figures, for `durable-agent metrics` (Prometheus reads them at each scrape)
+-- ---------------------------------------------------------------------------------------
+
+-- name: trace_context
+-- The trace context a traced start_turn stored with the turn (a delivery without one in its
+-- message joins the trace through it).
+SELECT trace_context FROM turns WHERE turn_id = :turn_id;
+
+-- name: metric_turns
+-- Turns by agent and status, and the claims taken over from a holder that died or whose
+-- lease ran out (each such claim counts one crash of its turn).
+SELECT agent, status, count(*) AS turns, coalesce(sum(crashes), 0) AS takeovers
+FROM turns GROUP BY agent, status;
+
+-- name: metric_steps
+-- Recorded steps by kind, tool name and replay label, with how long the finished ones took
+-- (intent to outcome), counted into the histogram's buckets: `bucket` i holds the steps of
+-- bounds[i] <= seconds < bounds[i + 1] (width_bucket), 0 those under the first bound.
+SELECT kind, name, coalesce(replay, '') AS replay,
+       width_bucket(extract(epoch FROM finished_at - created_at), CAST(:bounds AS float8[]))
+           AS bucket,
+       count(*) AS steps,
+       coalesce(sum(extract(epoch FROM finished_at - created_at)), 0) AS seconds
+FROM journal WHERE status = 'done' AND finished_at IS NOT NULL
+GROUP BY kind, name, replay, bucket;
+
+-- name: metric_turn_latency
+-- Finished turns by agent and status, from recorded to ended, in the histogram's buckets.
+SELECT agent, status,
+       width_bucket(extract(epoch FROM finished_at - created_at), CAST(:bounds AS float8[]))
+           AS bucket,
+       count(*) AS turns,
+       coalesce(sum(extract(epoch FROM finished_at - created_at)), 0) AS seconds
+FROM turns WHERE finished_at IS NOT NULL
+GROUP BY agent, status, bucket;
+
+-- name: metric_open_work
+-- Uncertain effects no operator has resolved yet (as `durable-agent uncertain` lists them),
+-- and tool calls waiting for a person's decision, by agent.
+SELECT t.agent, 'uncertain' AS what, count(*) AS open
+FROM journal AS j JOIN turns AS t ON t.turn_id = j.turn_id
+WHERE j.replay = 'never'
+  AND (j.output @> '{"uncertain": true}'
+       OR (j.status = 'intent' AND t.status IN ('done', 'failed', 'cancelled')))
+  AND NOT EXISTS (SELECT 1 FROM resolutions AS r WHERE r.turn_id = j.turn_id AND r.step = j.step)
+GROUP BY t.agent
+UNION ALL
+SELECT t.agent, 'approval' AS what, count(*) AS open
+FROM approvals AS a JOIN turns AS t ON t.turn_id = a.turn_id
+WHERE a.decision IS NULL AND t.status = 'waiting'
+GROUP BY t.agent;
+
+-- name: metric_queues
+-- The queues turns are sent to (their dead-letter queues are measured on the broker).
+SELECT DISTINCT queue FROM turns WHERE queue <> '';
+
+-- ---------------------------------------------------------------------------------------
+-- the audit trail (appended, never changed) and rekey
+-- ---------------------------------------------------------------------------------------
+
+-- name: record_audit
+-- One operator action (or a turn resumed under a changed agent), appended. No RETURNING:
+-- a worker may append to the trail, not read it.
+INSERT INTO audit_log (at, actor, action, interface, turn_id, step, before, after)
+VALUES (durable_agent_now(), :actor, :action, :interface, :turn_id, :step,
+        CAST(:before AS jsonb), CAST(:after AS jsonb));
+
+-- name: audit_entries
+-- The trail newest first, each filter NULL when not asked for.
+SELECT audit_id, at, actor, action, interface, turn_id, step, before, after
+FROM audit_log
+WHERE (CAST(:turn_id AS text) IS NULL OR turn_id = CAST(:turn_id AS text))
+  AND (CAST(:action AS text) IS NULL OR action = CAST(:action AS text))
+  AND (CAST(:since AS timestamptz) IS NULL OR at >= CAST(:since AS timestamptz))
+ORDER BY audit_id DESC
+LIMIT :limit;
+
+-- name: rekey_turns_page
+-- Turns after :after in id order, their message and reply as stored (aliased: not opened).
+SELECT turn_id, message AS stored_message, reply AS stored_reply FROM turns
+WHERE turn_id > :after ORDER BY turn_id LIMIT :batch;
+
+-- name: rekey_turns
+-- Values sealed again, each replaced only while it is still the one read: a reply recorded
+-- meanwhile (sealed with the newest key already) is left alone.
+UPDATE turns AS t
+SET message = CASE WHEN t.message = n.old_message THEN n.new_message ELSE t.message END,
+    reply = CASE WHEN t.reply IS NOT DISTINCT FROM n.old_reply THEN n.new_reply
+                 ELSE t.reply END
+FROM unnest(CAST(:turn_ids AS text[]), CAST(:old_messages AS text[]),
+            CAST(:new_messages AS text[]), CAST(:old_replies AS text[]),
+            CAST(:new_replies AS text[]))
+     AS n (turn_id, old_message, new_message, old_reply, new_reply)
+WHERE t.turn_id = n.turn_id
+RETURNING t.turn_id;
+
+-- name: rekey_journal_page
+-- Journal rows after (:after_turn, :after_step), their input and output as stored.
+SELECT turn_id, step, input AS stored_input, output AS stored_output FROM journal
+WHERE (turn_id, step) > (:after_turn, :after_step)
+ORDER BY turn_id, step LIMIT :batch;
+
+-- name: rekey_journal
+-- As rekey_turns: an outcome written meanwhile (the intent read had none) is left alone.
+-- The status is not touched: the trigger announces nothing.
+UPDATE journal AS j
+SET input = CASE WHEN j.input = CAST(n.old_input AS jsonb)
+                 THEN CAST(n.new_input AS jsonb) ELSE j.input END,
+    output = CASE WHEN j.output IS NOT DISTINCT FROM CAST(n.old_output AS jsonb)
+                  THEN CAST(n.new_output AS jsonb) ELSE j.output END
+FROM unnest(CAST(:turn_ids AS text[]), CAST(:steps AS integer[]),
+            CAST(:old_inputs AS text[]), CAST(:new_inputs AS text[]),
+            CAST(:old_outputs AS text[]), CAST(:new_outputs AS text[]))
+     AS n (turn_id, step, old_input, new_input, old_output, new_output)
+WHERE j.turn_id = n.turn_id AND j.step = n.step
+RETURNING j.step;
+
+-- name: rekey_approvals_page
+SELECT turn_id, step, arguments AS stored_arguments FROM approvals
+WHERE (turn_id, step) > (:after_turn, :after_step)
+ORDER BY turn_id, step LIMIT :batch;
+
+-- name: rekey_approvals
+UPDATE approvals AS a SET arguments = CAST(n.new_arguments AS jsonb)
+FROM unnest(CAST(:turn_ids AS text[]), CAST(:steps AS integer[]),
+            CAST(:old_arguments AS text[]), CAST(:new_arguments AS text[]))
+     AS n (turn_id, step, old_arguments, new_arguments)
+WHERE a.turn_id = n.turn_id AND a.step = n.step AND a.arguments = CAST(n.old_arguments AS jsonb)
+RETURNING a.step;
+
+-- name: rekey_blobs_page
+SELECT sha256, data AS stored_data FROM blobs
+WHERE sha256 > :after ORDER BY sha256 LIMIT :batch;
+
+-- name: rekey_blobs
+UPDATE blobs AS b SET data = CAST(n.new_data AS jsonb)
+FROM unnest(CAST(:ids AS text[]), CAST(:old_data AS text[]), CAST(:new_data AS text[]))
+     AS n (sha256, old_data, new_data)
+WHERE b.sha256 = n.sha256 AND b.data = CAST(n.old_data AS jsonb)
+RETURNING b.sha256;

@@ -32,6 +32,7 @@ CREATE TABLE turns (
     agent_digest  text,
     agent_spec    jsonb,
     agent_changes text,
+    trace_context text,
     UNIQUE (session_id, seq)
 );
 
@@ -43,6 +44,7 @@ COMMENT ON COLUMN turns.agent IS 'the agent the turn belongs to (''default'': th
 COMMENT ON COLUMN turns.agent_digest IS 'sha256 of the agent''s spec when the turn first ran (model, instructions, parameters, step cap, loop, tools)';
 COMMENT ON COLUMN turns.agent_spec IS 'that spec, to say what changed when the turn resumes under another one';
 COMMENT ON COLUMN turns.agent_changes IS 'what differed from agent_spec the last time the turn was resumed (NULL: nothing)';
+COMMENT ON COLUMN turns.trace_context IS 'the traceparent (and tracestate) of the request that started the turn, as W3C headers in JSON (NULL: not traced)';
 
 CREATE INDEX turns_open_idx ON turns (lease_expires_at) WHERE status IN ('queued', 'running');
 -- the newest send on a queue that some worker has received, and the newest reception
@@ -232,6 +234,41 @@ CREATE FUNCTION durable_agent_wake(p_turn_id text, p_kind text, p_name text) RET
         END
     $$;
 
+-- Send an event to a turn (send_event): keep it for an open turn (the same event_id again
+-- changes nothing) and wake the turn if it is parked waiting for that name, in one
+-- transaction; the turn row is updated (to itself) first (see durable_agent_wake). No row
+-- when there is no such turn. SECURITY DEFINER: an application's role sends events and
+-- wakes the turn they satisfy without any right to change turns itself.
+CREATE FUNCTION durable_agent_send_event(p_turn_id text, p_event_id text, p_name text,
+                                         p_payload jsonb)
+    RETURNS TABLE (turn_status text, recorded boolean, recorded_name text, woke boolean)
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path FROM CURRENT
+    AS $$
+        #variable_conflict use_column
+        DECLARE
+            v_status text;
+            v_new boolean := false;
+        BEGIN
+            UPDATE turns AS t SET updated_at = t.updated_at WHERE t.turn_id = p_turn_id
+            RETURNING t.status INTO v_status;
+            IF v_status IS NULL THEN
+                RETURN;
+            END IF;
+            IF v_status IN ('queued', 'running', 'waiting') THEN
+                INSERT INTO events (turn_id, event_id, name, payload, sent_at)
+                VALUES (p_turn_id, p_event_id, p_name, p_payload, durable_agent_now())
+                ON CONFLICT (turn_id, event_id) DO NOTHING;
+                v_new := FOUND;
+            END IF;
+            RETURN QUERY
+                SELECT v_status, v_new,
+                       (SELECT e.name FROM events AS e
+                        WHERE e.turn_id = p_turn_id AND e.event_id = p_event_id),
+                       CASE WHEN v_new THEN durable_agent_wake(p_turn_id, 'event', p_name)
+                            ELSE false END;
+        END
+    $$;
+
 -- The end of a child turn wakes its parent (in the transaction that ends the child).
 CREATE FUNCTION durable_agent_child_ended() RETURNS trigger
     LANGUAGE plpgsql
@@ -350,6 +387,26 @@ CREATE FUNCTION durable_agent_cancel_note(p_turn_id text) RETURNS text
                     FROM cancellations AS c WHERE c.turn_id = p_turn_id);
         END
     $$;
+
+-- audit_log: every operator action (approve, deny, resolve, cancel, prune, rekey) and each
+-- turn resumed under a changed agent, appended: who, when, what, through which interface
+-- (cli, python, console; worker for what a worker notices), the state before and after.
+-- Never updated: the roles of `durable-agent roles` may append and read, not change.
+CREATE TABLE audit_log (
+    audit_id  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at        timestamptz NOT NULL DEFAULT now(),
+    actor     text NOT NULL,
+    action    text NOT NULL
+              CHECK (action IN ('approve', 'deny', 'resolve', 'cancel', 'prune', 'rekey',
+                                'agent_changed')),
+    interface text NOT NULL CHECK (interface IN ('cli', 'python', 'console', 'worker')),
+    turn_id   text,
+    step      integer,
+    before    jsonb,
+    after     jsonb
+);
+CREATE INDEX audit_log_at_idx ON audit_log (at);
+CREATE INDEX audit_log_turn_idx ON audit_log (turn_id, audit_id) WHERE turn_id IS NOT NULL;
 
 -- schema_version: the migrations a database has had (written by `durable-agent migrate`).
 CREATE TABLE schema_version (

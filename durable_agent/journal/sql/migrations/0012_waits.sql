@@ -117,6 +117,41 @@ CREATE FUNCTION durable_agent_wake(p_turn_id text, p_kind text, p_name text) RET
         END
     $$;
 
+-- Send an event to a turn (send_event): keep it for an open turn (the same event_id again
+-- changes nothing) and wake the turn if it is parked waiting for that name, in one
+-- transaction; the turn row is updated (to itself) first (see durable_agent_wake). No row
+-- when there is no such turn. SECURITY DEFINER: an application's role sends events and
+-- wakes the turn they satisfy without any right to change turns itself.
+CREATE FUNCTION durable_agent_send_event(p_turn_id text, p_event_id text, p_name text,
+                                         p_payload jsonb)
+    RETURNS TABLE (turn_status text, recorded boolean, recorded_name text, woke boolean)
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path FROM CURRENT
+    AS $$
+        #variable_conflict use_column
+        DECLARE
+            v_status text;
+            v_new boolean := false;
+        BEGIN
+            UPDATE turns AS t SET updated_at = t.updated_at WHERE t.turn_id = p_turn_id
+            RETURNING t.status INTO v_status;
+            IF v_status IS NULL THEN
+                RETURN;
+            END IF;
+            IF v_status IN ('queued', 'running', 'waiting') THEN
+                INSERT INTO events (turn_id, event_id, name, payload, sent_at)
+                VALUES (p_turn_id, p_event_id, p_name, p_payload, durable_agent_now())
+                ON CONFLICT (turn_id, event_id) DO NOTHING;
+                v_new := FOUND;
+            END IF;
+            RETURN QUERY
+                SELECT v_status, v_new,
+                       (SELECT e.name FROM events AS e
+                        WHERE e.turn_id = p_turn_id AND e.event_id = p_event_id),
+                       CASE WHEN v_new THEN durable_agent_wake(p_turn_id, 'event', p_name)
+                            ELSE false END;
+        END
+    $$;
+
 -- The end of a child turn wakes its parent (in the transaction that ends the child).
 CREATE FUNCTION durable_agent_child_ended() RETURNS trigger
     LANGUAGE plpgsql
