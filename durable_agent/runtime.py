@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -39,14 +39,10 @@ from .journal import (
     WorkerSeen,
     require_current,
 )
-from .operate.live import (
-    DEFAULT_POLL_SECONDS,
-    Announcements,
-    TurnEvent,
-    stream_turn,
-    wait_until_finished,
-)
+from .operate.live import Announcements
+from .operate.live_reads import LiveReads
 from .operate.spend import check_grouping, spend_of_turns, spend_report
+from .operate.tokens import TokenStreams
 from .redact import remember_secrets
 from .settings import Settings, load_settings
 from .step.tools import ToolRegistry, import_module, load_tools
@@ -68,7 +64,7 @@ T = TypeVar("T")
 MAX_LIST = 10_000
 
 
-class Runtime:
+class Runtime(LiveReads):
     """Everything a durable-agent process needs, built from one Settings object."""
 
     def __init__(self, settings: Settings | None = None, *, tools: ToolRegistry | None = None):
@@ -95,9 +91,10 @@ class Runtime:
         self._lock = threading.RLock()
         for name in ("model", "turn_worker"):
             self._parts.pop(name, None)
-        announcements = self._parts.get("announcements")
-        if announcements is not None:
-            announcements.after_fork_in_child()
+        for name in ("announcements", "token_streams"):
+            part = self._parts.get(name)
+            if part is not None:
+                part.after_fork_in_child()
 
     # -- the parts ------------------------------------------------------------------------
 
@@ -130,6 +127,21 @@ class Runtime:
     def announcements(self) -> Announcements:
         """This process's LISTEN connection for live turns (see ``live.py``)."""
         return self._part("announcements", lambda: Announcements(self.database.conninfo))
+
+    @property
+    def token_streams(self) -> TokenStreams | None:
+        """The Redis streams of streamed answers' tokens (None without a Redis)."""
+        url, s = self.settings.tokens_url, self.settings
+        return self._part(
+            "token_streams",
+            lambda: (
+                TokenStreams(
+                    url, maxlen=s.token_stream_maxlen, ttl_seconds=s.token_stream_ttl_seconds
+                )
+                if url
+                else None
+            ),
+        )
 
     @property
     def tools(self) -> ToolRegistry:
@@ -211,6 +223,7 @@ class Runtime:
             model=self.model,
             outage=self.outage,
             faults=faults,
+            tokens=self.token_streams,
         )
 
     def sweeper(self) -> Sweeper:
@@ -411,41 +424,12 @@ class Runtime:
             self.journal, self.settings.price_table, by=by, limit=limit, since=since
         )
 
-    def wait_for_turn(
-        self, turn_id: str, timeout: float = 60.0, poll_seconds: float = DEFAULT_POLL_SECONDS
-    ) -> Turn:
-        """Wait until the turn is done, failed or cancelled; raises TimeoutError after
-        ``timeout`` s (a turn waiting for an approval has not ended).
-
-        Woken by Postgres' announcement of the turn's end; ``poll_seconds`` is only how often
-        it reads anyway, in case an announcement is lost."""
-        return wait_until_finished(self.journal, self.announcements, turn_id, timeout, poll_seconds)
-
-    def stream_turn(
-        self,
-        turn_id: str,
-        *,
-        after_step: int = -1,
-        timeout: float | None = None,
-        poll_seconds: float = DEFAULT_POLL_SECONDS,
-    ) -> Generator[TurnEvent, None, None]:
-        """Each finished step after ``after_step`` as it is recorded, then the end (see
-        :func:`durable_agent.operate.live.stream_turn`)."""
-        return stream_turn(
-            self.journal,
-            self.announcements,
-            self.with_spend,
-            turn_id,
-            after_step=after_step,
-            timeout=timeout,
-            poll_seconds=poll_seconds,
-        )
-
     def close(self) -> None:
         """Close the database connections (a new use opens them again)."""
-        announcements = self._parts.get("announcements")
-        if announcements is not None:
-            announcements.close()
+        for name in ("announcements", "token_streams"):
+            part = self._parts.get(name)
+            if part is not None:
+                part.close()
         database = self._parts.get("database")
         if database is not None:
             database.close()

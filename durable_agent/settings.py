@@ -92,6 +92,29 @@ class Settings(BaseSettings):
         default=4, ge=0, le=50, description="SDK retries of 429, 5xx and timeouts"
     )
 
+    stream: bool = Field(
+        default=True,
+        description="the built-in loops stream the model's answers (their text reaches "
+        "stream_turn(tokens=True) as it is written; the journal records the finished answer)",
+    )
+    token_stream_url: str = Field(
+        default="",
+        description="the Redis that carries the tokens of streamed answers to watchers ('': "
+        "the broker's, if it is Redis; none otherwise)",
+    )
+    token_stream_maxlen: int = Field(
+        default=20_000,
+        ge=100,
+        le=10_000_000,
+        description="the most entries kept in one turn's token stream (older ones are trimmed)",
+    )
+    token_stream_ttl_seconds: int = Field(
+        default=3600,
+        ge=10,
+        le=30 * 86_400,
+        description="how long a turn's token stream is kept after its last token",
+    )
+
     lease_seconds: float = Field(
         default=6.0,
         ge=0.5,
@@ -227,6 +250,7 @@ class Settings(BaseSettings):
             self.openai_api_key,
             url_password(self.database_url),
             url_password(self.broker_url),
+            url_password(self.token_stream_url) if self.token_stream_url else None,
             *self.console_logins.values(),
             self.console_token or None,
         ]
@@ -247,6 +271,20 @@ class Settings(BaseSettings):
     def _broker_url_is_usable(cls, url: str) -> str:
         check_broker_url(url)
         return url
+
+    @field_validator("token_stream_url")
+    @classmethod
+    def _token_stream_is_redis(cls, url: str) -> str:
+        if url:
+            check_result_backend(url)
+        return url
+
+    @property
+    def tokens_url(self) -> str:
+        """The Redis URL of the token streams ('' when there is none)."""
+        if self.token_stream_url:
+            return self.token_stream_url
+        return self.broker_url if self.broker_url.startswith(("redis://", "rediss://")) else ""
 
     @field_validator("result_backend")
     @classmethod

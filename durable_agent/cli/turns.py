@@ -54,11 +54,30 @@ def cmd_watch(runtime: Runtime, args: argparse.Namespace) -> int:
     """Print each finished step of the turn as it is recorded, then its end."""
     check_id("turn_id", args.turn_id)
     runtime.require_schema()
-    events = runtime.stream_turn(args.turn_id, after_step=args.after_step, timeout=args.timeout)
+    events = runtime.stream_turn(
+        args.turn_id,
+        after_step=args.after_step,
+        timeout=args.timeout,
+        tokens=args.tokens,
+        after=args.after,
+    )
+    in_text = False  # a line of tokens is open
     try:
         for event in events:
             if args.json:
                 print(json.dumps(event.as_json(), ensure_ascii=False), flush=True)
+                continue
+            if event.kind == "token":
+                print(printable(event.text) if in_text else printable(
+                    f"step {event.step_number} (attempt {event.attempt})> {event.text}"
+                ), end="", flush=True)  # fmt: skip
+                in_text = True
+                continue
+            if in_text:
+                print(flush=True)
+                in_text = False
+            if event.kind == "abandoned":
+                print(f"step {event.step_number}: attempt {event.attempt} abandoned", flush=True)
             elif event.step is not None:
                 s = event.step
                 call = f"{s.kind} {s.name}" + (f" ({s.replay})" if s.kind == "tool" else "")
@@ -173,6 +192,17 @@ def register(add: Add) -> None:
         "--timeout", type=seconds, default=None, help="give up after S seconds (default: never)"
     )
     watch.add_argument("--json", action="store_true", help="one JSON object per line")
+    watch.add_argument(
+        "--tokens",
+        action="store_true",
+        help="also print the model's answers as they are written (streamed answers)",
+    )
+    watch.add_argument(
+        "--after",
+        default=None,
+        metavar="ID",
+        help="with --tokens: go on after the event with this id (from --json)",
+    )
 
     journal = add("journal", cmd_journal, "show a turn's journal")
     journal.add_argument("turn_id", help="the turn's id (submit prints it)")

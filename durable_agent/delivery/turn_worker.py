@@ -35,6 +35,7 @@ from ..journal import (
 )
 from ..operate.approvals import approval_gate
 from ..operate.cancel import end_cancelled, stop_if_cancelled
+from ..operate.tokens import TokenStreams
 from ..redact import redact
 from ..settings import Settings
 from ..step.agents import AgentBook, BoundAgent, changes
@@ -95,6 +96,7 @@ class TurnWorker:
         model: ModelCall,
         outage: Outage,
         faults: Faults | None = None,
+        tokens: TokenStreams | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -103,6 +105,7 @@ class TurnWorker:
         self.agents = agents
         self.model = model
         self.outage = outage
+        self.tokens = tokens  # where streamed answers' text goes (None: nowhere)
         self.faults = faults if faults is not None else Faults.from_env()
         self._handed_back: dict[str, float] = {}  # turn id -> when this process handed it back
         self._told_back: set[str] = set()  # turns whose coming back was logged
@@ -226,7 +229,8 @@ class TurnWorker:
                 )
                 # the first turn of a session has no history: none is read then
                 history = self.store.session_history(turn.session_id, turn.seq) if turn.seq else []
-                ctx = agent.context(runner, self.model, turn, history)
+                sink = self.tokens.for_claim(turn.turn_id, claim.epoch) if self.tokens else None
+                ctx = agent.context(runner, self.model, turn, history, sink)
                 reply = run_loop(agent.loop, ctx)
                 beat.check()
                 # the last model call's outcome, held back, is written with the end

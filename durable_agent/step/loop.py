@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ..errors import InvalidArgument, TurnFailed
 from .tools import ToolRegistry
@@ -39,6 +39,25 @@ if TYPE_CHECKING:
 ModelCall = Callable[[dict[str, Any]], dict[str, Any]]
 Loop = Callable[["TurnContext"], str]
 """A loop: gets the turn's context, makes its calls through it, returns the reply text."""
+Api = Literal["chat", "responses"]
+
+
+class StepTokens(Protocol):
+    """Where the text of one attempt of one streamed model call goes as it arrives."""
+
+    def delta(self, text: str) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def abandon(self) -> None: ...
+
+
+class TokenSink(Protocol):
+    """The transport of a turn's tokens (``operate/tokens.py``): ``begin(step)`` marks the
+    start of an attempt of that step's model call."""
+
+    def begin(self, step: int) -> StepTokens: ...
+
 
 _SET_BY_CONTEXT = ("tools",)
 
@@ -83,9 +102,15 @@ class TurnContext:
         instructions: str,
         tools: ToolRegistry,
         parameters: Mapping[str, Any] | None = None,
+        api: Api = "chat",
+        streaming: bool = False,
+        tokens: TokenSink | None = None,
     ) -> None:
         self._runner = runner
         self._call_model = call_model
+        self.api = api
+        self.streaming = streaming  # the built-in loops stream when this is set
+        self._tokens = tokens
         self.turn = turn
         self.agent = agent
         self.model_name = model
@@ -129,22 +154,56 @@ class TurnContext:
 
     # -- the journalled calls ---------------------------------------------------------------
 
-    def model(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """One model call (a step): a Chat Completions request body, completed with the
+    def model(self, request: Mapping[str, Any], *, stream: bool = False) -> dict[str, Any]:
+        """One model call (a step): a Chat Completions request body (``messages``), or for
+        an agent on the Responses API a Responses body (``input``), completed with the
         agent's model name, its parameters (``temperature``...) and its tools where the
         request does not set them (``"tools": []`` sends none). Returns the recorded
         response: ``{"message": {"role": "assistant", "content": ..., "tool_calls": [...]},
-        "finish_reason": ..., "model": ..., "usage": ...}``."""
-        if not isinstance(request, Mapping) or not isinstance(request.get("messages"), list):
-            raise InvalidArgument("ctx.model() takes a request with a 'messages' list")
-        body: dict[str, Any] = {"model": self.model_name, **self.parameters, **dict(request)}
+        "finish_reason": ..., "model": ..., "usage": ...}`` (Responses: also ``output``, the
+        items to append to the next call's input).
+
+        ``stream=True`` streams the answer: its text goes to the turn's watchers as it
+        arrives (``stream_turn(..., tokens=True)``); the journal records the finished answer
+        only, the same as unstreamed."""
+        key = "input" if self.api == "responses" else "messages"
+        if not isinstance(request, Mapping) or not isinstance(request.get(key), list):
+            raise InvalidArgument(f"ctx.model() takes a request with a {key!r} list")
+        body: dict[str, Any] = {"model": self.model_name, **self.parameters}
+        if self.api == "responses":
+            body["store"] = False  # the journal holds the conversation, not the provider
+            if self.instructions:
+                body["instructions"] = self.instructions
+            if "reasoning" in self.parameters:  # reasoning items must come back whole
+                body["include"] = ["reasoning.encrypted_content"]
+        body.update(request)
         if "tools" not in request:
             schemas = self.tool_schemas()
             if schemas:
-                body["tools"] = schemas
+                body["tools"] = function_tools(schemas) if self.api == "responses" else schemas
         elif not body["tools"]:
             del body["tools"]  # OpenAI refuses an empty tools list
-        return self._runner.model_step(body, self._call_model)
+        call = self._call_model
+        if stream:
+            body["stream"] = True
+            if self._tokens is not None and getattr(call, "streams", False):
+                call = self._streamed(self._runner.next_step, self._tokens)
+        return self._runner.model_step(body, call)
+
+    def _streamed(self, step: int, tokens: TokenSink) -> ModelCall:
+        call_model: Callable[..., dict[str, Any]] = self._call_model
+
+        def call(body: dict[str, Any]) -> dict[str, Any]:
+            attempt = tokens.begin(step)  # only a call that runs: a read-back one is whole
+            try:
+                response = call_model(body, on_delta=attempt.delta)
+            except BaseException:
+                attempt.abandon()
+                raise
+            attempt.finish()
+            return response
+
+        return call
 
     def tool(
         self,
@@ -172,6 +231,12 @@ class TurnContext:
     def tool_call(self, tool_call: Mapping[str, Any]) -> str:
         """Run a tool call exactly as a Chat Completions answer gave it (with its ``id``)."""
         return self._runner.tool_step(dict(tool_call))
+
+
+def function_tools(chat_schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat Completions tool schemas in the Responses form (the function's fields one
+    level up)."""
+    return [{"type": "function", **schema["function"]} for schema in chat_schemas]
 
 
 def run_loop(loop: Loop, ctx: TurnContext) -> str:

@@ -100,10 +100,12 @@ class StepRunner:
     ) -> dict[str, Any]:
         """Run (or read back) one model call; returns the recorded response."""
         step = self._take_step()
+        # Chat Completions' messages, or the Responses API's input items
+        conversation = request["messages"] if "messages" in request else request["input"]
         intent = {
             "model": request.get("model"),
-            "messages": len(request["messages"]),
-            "messages_sha256": self._conversation.of(request["messages"]),
+            "messages": len(conversation),
+            "messages_sha256": self._conversation.of(conversation),
             "tools_sha256": self._tools_sha256(request.get("tools") or []),
         }
         row = self._recorded(step, "model", MODEL_STEP_NAME)
