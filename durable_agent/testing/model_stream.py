@@ -36,7 +36,8 @@ def pieces(text: str, size: int) -> list[str]:
 
 
 class StreamGate:
-    """Holds the streams in flight after ``after`` pieces of text until :meth:`release`."""
+    """Holds the streams in flight after ``after`` pieces of text (of content, not of a tool
+    call's arguments) until :meth:`release`."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -123,8 +124,6 @@ def chat_chunks(
         for text in pieces(function["arguments"], piece_chars):
             pause()
             yield chunk({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
-            sent += 1
-            gate.at_piece(sent)
     if cut:
         return
     pause()
