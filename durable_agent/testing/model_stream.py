@@ -97,7 +97,6 @@ def chat_chunks(
     message = choice["message"]
     head = {k: completion[k] for k in ("id", "created", "model")}
     head["object"] = "chat.completion.chunk"
-    sent = 0
 
     def chunk(delta: JsonDict, finish: str | None = None) -> bytes:
         part = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
@@ -105,10 +104,9 @@ def chat_chunks(
 
     yield chunk({"role": "assistant", "content": ""})
     texts = pieces(message["content"], piece_chars) if message.get("content") else []
-    for text in texts:
+    for sent, text in enumerate(texts, start=1):
         pause()
         yield chunk({"content": text})
-        sent += 1
         gate.at_piece(sent)
         if cut and sent >= len(texts) // 2:
             return

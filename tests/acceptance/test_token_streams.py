@@ -62,7 +62,9 @@ def shape(events: list[TurnEvent]) -> list[tuple[str, int | None, int | None]]:
 
 def text_of(events: list[TurnEvent], step: int, attempt: int) -> str:
     return "".join(
-        e.text for e in events if e.kind == "token" and (e.step_number, e.attempt) == (step, attempt)
+        e.text
+        for e in events
+        if e.kind == "token" and (e.step_number, e.attempt) == (step, attempt)
     )
 
 
@@ -149,7 +151,16 @@ def test_a_worker_killed_mid_stream_its_attempt_abandoned_then_the_new_one_from_
         turn_id = runtime.start_turn("s-kill", stack.message)
         watcher = Watcher(runtime, turn_id)
         watch = subprocess.Popen(
-            [sys.executable, "-m", "durable_agent", "watch", turn_id, "--tokens", "--timeout", "60"],
+            [
+                sys.executable,
+                "-m",
+                "durable_agent",
+                "watch",
+                turn_id,
+                "--tokens",
+                "--timeout",
+                "60",
+            ],
             env={**os.environ, **settings_env(stack.settings)},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
