@@ -1,4 +1,4 @@
-"""``python -m bench [all|journal|throughput|resume|growth|recovery|door|console]``
+"""``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|streaming]``
 ``[--quick] [--json PATH]``:
 run the benchmarks, print tables (``--quick``: one round of each, smaller sizes, for CI).
 DBOS side by side is not here: ``make bench-peers`` runs ``python -m bench.peers`` in a
@@ -24,7 +24,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "which",
         nargs="?",
-        choices=("all", "journal", "throughput", "resume", "growth", "recovery", "door", "console"),
+        choices=(
+            "all",
+            "journal",
+            "throughput",
+            "resume",
+            "growth",
+            "recovery",
+            "door",
+            "console",
+            "streaming",
+        ),
         default="all",
         help="the benchmark to run (default: all)",
     )
@@ -90,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         from . import console_pages
 
         results["console"] = console_pages.run(samples=5 if args.quick else console_pages.SAMPLES)
+    if args.which in ("all", "streaming"):
+        from . import streaming
+
+        results["streaming"] = streaming.run(
+            turns=5 if args.quick else 20, latency_turns=1 if args.quick else 3
+        )
     out.print(f"[dim]finished in {time.monotonic() - started:.0f} s[/dim]")
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")

@@ -10,14 +10,21 @@ trimmed to about ``DURABLE_AGENT_TOKEN_STREAM_MAXLEN`` entries and expires
 transport, and the journal keeps only the finished answer. A Redis stream id is an offset a
 watcher can go on from (``XREAD`` after it), which is what makes a stream resumable.
 
-The transport never fails a turn: if Redis cannot be reached, the attempt's tokens are
-dropped (logged once per attempt) and the watchers get the finished step from the journal.
+Entries are written by one sender thread per process, in order, in pipelines of whatever
+has queued up since its last write: the thread that reads the model's stream only appends to
+a queue, so a slow Redis never slows a model call, and a burst of pieces costs one round
+trip. ``finish`` and ``abandon`` wait (up to ``FLUSH_SECONDS``) until the attempt's entries
+are written.
+
+The transport never fails a turn: if Redis cannot be reached, the entries are dropped
+(logged once per outage) and the watchers get the finished step from the journal.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +33,7 @@ import redis
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "durable-agent:tokens:"
+FLUSH_SECONDS = 2.0
 
 __all__ = ["AttemptTokens", "TokenEntry", "TokenStreams", "TurnTokens"]
 
@@ -54,6 +62,7 @@ class TokenStreams:
         self.ttl_seconds = ttl_seconds
         self._client: redis.Redis | None = None
         self._lock = threading.Lock()
+        self._sender = _Sender(self)
 
     @property
     def client(self) -> redis.Redis:
@@ -65,21 +74,30 @@ class TokenStreams:
             return self._client
 
     def after_fork_in_child(self) -> None:
+        # the parent's sender thread and connection are not this process's
         self._lock = threading.Lock()
         self._client = None
+        self._sender = _Sender(self)
 
     def for_claim(self, turn_id: str, epoch: int) -> TurnTokens:
         """The sink of one claim of a turn (``TokenSink`` of the step layer)."""
         return TurnTokens(self, turn_id, epoch)
 
     def add(self, turn_id: str, fields: dict[Any, Any], *, touch: bool) -> None:
-        key = stream_key(turn_id)
-        if not touch:
-            self.client.xadd(key, fields, maxlen=self.maxlen, approximate=True)
-            return
+        """Queue one entry (``touch``: and renew the stream's expiry)."""
+        self._sender.put((turn_id, fields, touch))
+
+    def flush(self, timeout: float = FLUSH_SECONDS) -> bool:
+        """Wait until every queued entry is written (or dropped); False after ``timeout``."""
+        return self._sender.flush(timeout)
+
+    def write(self, batch: list[tuple[str, dict[Any, Any], bool]]) -> None:
         pipe = self.client.pipeline(transaction=False)
-        pipe.xadd(key, fields, maxlen=self.maxlen, approximate=True)
-        pipe.expire(key, self.ttl_seconds)
+        for turn_id, fields, touch in batch:
+            key = stream_key(turn_id)
+            pipe.xadd(key, fields, maxlen=self.maxlen, approximate=True)
+            if touch:
+                pipe.expire(key, self.ttl_seconds)
         pipe.execute()
 
     def read(
@@ -106,6 +124,7 @@ class TokenStreams:
         self.client.delete(stream_key(turn_id))
 
     def close(self) -> None:
+        self._sender.flush(FLUSH_SECONDS)
         with self._lock:
             client, self._client = self._client, None
         if client is not None:
@@ -132,34 +151,74 @@ class AttemptTokens:
     def __init__(self, turn: TurnTokens, step: int) -> None:
         self.turn = turn
         self.step = step
-        self.broken = False
 
     def send(self, kind: str, text: str = "", *, touch: bool = False) -> None:
-        if self.broken:
-            return
         fields: dict[Any, Any] = {"s": self.step, "e": self.turn.epoch, "k": kind}
         if text:
             fields["t"] = text
-        try:
-            self.turn.streams.add(self.turn.turn_id, fields, touch=touch)
-        except redis.RedisError as error:
-            self.broken = True  # the rest of this attempt's tokens are dropped
-            log.warning(
-                "turn %s step %d: the token stream is unavailable (%s); watchers get the "
-                "finished step only",
-                self.turn.turn_id,
-                self.step,
-                error,
-            )
+        self.turn.streams.add(self.turn.turn_id, fields, touch=touch)
 
     def delta(self, text: str) -> None:
         self.send("delta", text)
 
     def finish(self) -> None:
         self.send("finish", touch=True)
+        self.turn.streams.flush()
 
     def abandon(self) -> None:
         self.send("abandoned", touch=True)
+        self.turn.streams.flush()
+
+
+class _Sender:
+    """The process's thread that writes queued entries, in order, a pipeline at a time."""
+
+    def __init__(self, streams: TokenStreams) -> None:
+        self.streams = streams
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[str, dict[Any, Any], bool]] = deque()
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self._down = False  # Redis was unreachable at the last write: said once
+
+    def put(self, entry: tuple[str, dict[Any, Any], bool]) -> None:
+        with self._cond:
+            self._queue.append(entry)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="durable-agent-tokens", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+
+    def flush(self, timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._queue))
+                batch = list(self._queue)
+                self._queue.clear()
+                self._busy = True
+            try:
+                self.streams.write(batch)
+                if self._down:
+                    log.info("the token streams' Redis is back")
+                self._down = False
+            except redis.RedisError as error:
+                if not self._down:
+                    log.warning(
+                        "the token streams' Redis is unavailable (%s): watchers get finished "
+                        "steps only until it is back",
+                        error,
+                    )
+                self._down = True
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
 
 
 def _text(value: bytes | str) -> str:

@@ -144,6 +144,7 @@ class _Handler(BaseHTTPRequestHandler):
     """Turns raw HTTP into `HttpRequest`/`HttpResponse` for the owning service."""
 
     protocol_version = "HTTP/1.0"  # one request per connection: nothing idles at stop()
+    disable_nagle_algorithm = True  # a streamed piece leaves at once, as from a real server
     timeout = 30  # a client that connects and never sends cannot pin a thread forever
     server_version = "durable-agent-testing"
     sys_version = ""
