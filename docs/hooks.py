@@ -499,6 +499,31 @@ def bench_recovery() -> str:
     )
 
 
+def bench_streaming() -> str:
+    streaming = _section("streaming")
+    first, every = streaming["first_token_ms"], streaming["token_ms"]
+    plain, streamed = _median(streaming["plain_ms"]), _median(streaming["streamed_ms"])
+    rows = [
+        [
+            "the first piece: written by the model, then at the watcher",
+            f"**{_median(first):.1f} ms**",
+            f"{max(first):.1f} ms",
+        ],
+        ["every piece", f"{_median(every):.1f} ms", f"{max(every):.1f} ms"],
+        [
+            f"a turn not streamed ({streaming['reply_chars']:,} characters of reply)",
+            f"{plain:.1f} ms",
+            "",
+        ],
+        [
+            f"the same turn streamed ({streaming['pieces_per_reply']} pieces through Redis)",
+            f"{streamed:.1f} ms",
+            f"**{streaming['ratio']:.2f}×** the unstreamed turn",
+        ],
+    ]
+    return table(["measure", "median", "max / ratio"], rows) + "\n"
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "cli": cli_reference,
     "configuration": configuration_reference,
@@ -508,4 +533,5 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "bench-resume": bench_resume,
     "bench-growth": bench_growth,
     "bench-recovery": bench_recovery,
+    "bench-streaming": bench_streaming,
 }
