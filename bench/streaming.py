@@ -130,7 +130,9 @@ def _latency(runtime: Runtime, server: TimedServer, turns: int) -> dict[str, lis
         arrived: list[float] = []
         ready = threading.Event()
 
-        def watch(turn_id: str = turn.turn_id, into: list[float] = arrived) -> None:
+        def watch(
+            turn_id: str = turn.turn_id, into: list[float] = arrived, ready: threading.Event = ready
+        ) -> None:
             events = runtime.stream_turn(turn_id, tokens=True, timeout=60)
             ready.set()
             for event in events:

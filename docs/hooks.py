@@ -518,7 +518,7 @@ def bench_streaming() -> str:
         [
             f"the same turn streamed ({streaming['pieces_per_reply']} pieces through Redis)",
             f"{streamed:.1f} ms",
-            f"**{streaming['ratio']:.2f}×** the unstreamed turn",
+            f"**{streaming['ratio']:.2f} times** the unstreamed turn",
         ],
     ]
     return table(["measure", "median", "max / ratio"], rows) + "\n"
