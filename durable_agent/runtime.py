@@ -39,6 +39,7 @@ from .journal import (
     WorkerSeen,
     require_current,
 )
+from .operate.budgets import Budgets
 from .operate.live import Announcements
 from .operate.live_reads import LiveReads
 from .operate.spend import check_grouping, spend_of_turns, spend_report
@@ -91,7 +92,7 @@ class Runtime(LiveReads):
         self._lock = threading.RLock()
         for name in ("model", "turn_worker"):
             self._parts.pop(name, None)
-        for name in ("announcements", "token_streams"):
+        for name in ("announcements", "token_streams", "budgets"):
             part = self._parts.get(name)
             if part is not None:
                 part.after_fork_in_child()
@@ -142,6 +143,12 @@ class Runtime(LiveReads):
                 else None
             ),
         )
+
+    @property
+    def budgets(self) -> Budgets | None:
+        """The fleet's model budgets (``DURABLE_AGENT_MODEL_LIMITS``; None without any)."""
+        s = self.settings
+        return self._part("budgets", lambda: Budgets(s) if s.limits and s.budgets_url else None)
 
     @property
     def tools(self) -> ToolRegistry:
@@ -224,6 +231,7 @@ class Runtime(LiveReads):
             outage=self.outage,
             faults=faults,
             tokens=self.token_streams,
+            budgets=self.budgets,
         )
 
     def sweeper(self) -> Sweeper:
@@ -426,7 +434,7 @@ class Runtime(LiveReads):
 
     def close(self) -> None:
         """Close the database connections (a new use opens them again)."""
-        for name in ("announcements", "token_streams"):
+        for name in ("announcements", "token_streams", "budgets"):
             part = self._parts.get(name)
             if part is not None:
                 part.close()

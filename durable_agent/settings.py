@@ -15,6 +15,7 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import ConfigurationError
+from .inputs import Limit, parse_limits
 from .journal import Price, parse_prices
 from .redact import remember_secrets, url_password
 
@@ -113,6 +114,31 @@ class Settings(BaseSettings):
         ge=10,
         le=30 * 86_400,
         description="how long a turn's token stream is kept after its last token",
+    )
+
+    model_limits: str = Field(
+        default="",
+        description="budgets all workers share, per model (and API key): MODEL=rpm:N/tpm:N, "
+        "comma-separated, e.g. 'gpt-4o-mini=rpm:500/tpm:200000' (a call waits for room "
+        "without holding a worker)",
+    )
+    budget_url: str = Field(
+        default="",
+        description="the Redis that holds the budgets ('': the broker's, if it is Redis)",
+    )
+    budget_burst_seconds: float = Field(
+        default=6.0,
+        gt=0,
+        le=60,
+        allow_inf_nan=False,
+        description="how many seconds of a budget may be spent at once (its bucket's size)",
+    )
+    budget_completion_tokens: int = Field(
+        default=256,
+        ge=1,
+        le=1_000_000,
+        description="the completion tokens reserved for a call that sets no max_tokens; "
+        "settled with the real usage after the call",
     )
 
     lease_seconds: float = Field(
@@ -251,6 +277,7 @@ class Settings(BaseSettings):
             url_password(self.database_url),
             url_password(self.broker_url),
             url_password(self.token_stream_url) if self.token_stream_url else None,
+            url_password(self.budget_url) if self.budget_url else None,
             *self.console_logins.values(),
             self.console_token or None,
         ]
@@ -272,7 +299,7 @@ class Settings(BaseSettings):
         check_broker_url(url)
         return url
 
-    @field_validator("token_stream_url")
+    @field_validator("token_stream_url", "budget_url")
     @classmethod
     def _token_stream_is_redis(cls, url: str) -> str:
         if url:
@@ -339,6 +366,23 @@ class Settings(BaseSettings):
         parse_prices(value)
         return value
 
+    @field_validator("model_limits")
+    @classmethod
+    def _limits(cls, value: str) -> str:
+        parse_limits(value)
+        return value
+
+    @property
+    def limits(self) -> dict[str, Limit]:
+        return parse_limits(self.model_limits)
+
+    @property
+    def budgets_url(self) -> str:
+        """The Redis URL of the budgets ('' when there is none)."""
+        if self.budget_url:
+            return self.budget_url
+        return self.broker_url if self.broker_url.startswith(("redis://", "rediss://")) else ""
+
     @property
     def price_table(self) -> dict[str, Price]:
         return parse_prices(self.prices)
@@ -363,6 +407,8 @@ class Settings(BaseSettings):
 
 _NAME = re.compile(r"[^\s\x00-\x1f\x7f]{1,200}")
 _CALLABLE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
 BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps", "pyamqp")
 _BROKER_QUERY = {
     "redis": {

@@ -11,12 +11,15 @@ import argparse
 import json
 from collections.abc import Callable
 
+import redis
+
+from ..errors import ServiceUnavailable
 from ..inputs import check_id, check_message
 from ..operate.spend import GROUPINGS
 from ..redact import printable
 from ..runtime import Runtime
 from .arguments import count, seconds, since_on_clock, since_time
-from .exits import EXIT_FAILED, EXIT_TIMEOUT, error_line
+from .exits import EXIT_FAILED, EXIT_TIMEOUT, EXIT_USAGE, error_line
 
 Command = Callable[[Runtime, argparse.Namespace], int]
 Add = Callable[[str, Command, str], argparse.ArgumentParser]
@@ -141,6 +144,40 @@ def cmd_spend(runtime: Runtime, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_limits(runtime: Runtime, args: argparse.Namespace) -> int:
+    """Each model budget the fleet shares, as it is now."""
+    budgets = runtime.budgets
+    if budgets is None:
+        why = (
+            "no model budgets: set DURABLE_AGENT_MODEL_LIMITS (e.g. 'gpt-4o-mini=tpm:200000')"
+            if not runtime.settings.limits
+            else "no Redis for the budgets (DURABLE_AGENT_BUDGET_URL, or a redis:// broker)"
+        )
+        error_line(f"error: {why}")
+        return EXIT_USAGE
+    try:
+        uses = budgets.use()
+    except redis.RedisError as error:
+        raise ServiceUnavailable(f"cannot read the budgets from Redis: {error}") from None
+    if args.json:
+        print(json.dumps([u.as_json() for u in uses], indent=2))
+        return 0
+    for u in uses:
+
+        def free(value: float | None, per_minute: int | None) -> str:
+            if per_minute is None or value is None:
+                return "unlimited"
+            size = max(1.0, per_minute * budgets.burst / 60)
+            return f"{value:,.0f} of {size:,.0f} free ({per_minute:,}/min)"
+
+        print(
+            f"{u.name}: requests {free(u.requests_free, u.rpm)}, tokens "
+            f"{free(u.tokens_free, u.tpm)}; in flight {u.in_flight}, reserved {u.reserved}, "
+            f"waited {u.waits}, 429s {u.rate_limited}"
+        )
+    return 0
+
+
 def cmd_replay(runtime: Runtime, args: argparse.Namespace) -> int:
     from ..operate.replay import replay_turn
 
@@ -220,6 +257,14 @@ def register(add: Add) -> None:
     spend.add_argument("--limit", type=count, default=50, help="at most this many rows")
     spend.add_argument("--since", default=None, help="turns created since an age (7d) or time")
     spend.add_argument("--json", action="store_true", help="a JSON array of rows")
+
+    limits = add(
+        "limits",
+        cmd_limits,
+        "each model budget the workers share (DURABLE_AGENT_MODEL_LIMITS): what is free, in "
+        "flight, how often turns waited, the 429s that still came",
+    )
+    limits.add_argument("--json", action="store_true", help="a JSON array of budgets")
 
     replay = add("replay", cmd_replay, "replay a done turn with the model switched off")
     replay.add_argument("turn_id", help="the turn's id (submit prints it)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from ..errors import (
+    BudgetExhausted,
     LeaseLost,
     ModelUnavailable,
     ServiceUnavailable,
@@ -34,6 +36,7 @@ from ..journal import (
     worker_identity,
 )
 from ..operate.approvals import approval_gate
+from ..operate.budgets import Budgets
 from ..operate.cancel import end_cancelled, stop_if_cancelled
 from ..operate.tokens import TokenStreams
 from ..redact import redact
@@ -97,6 +100,7 @@ class TurnWorker:
         outage: Outage,
         faults: Faults | None = None,
         tokens: TokenStreams | None = None,
+        budgets: Budgets | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -106,6 +110,7 @@ class TurnWorker:
         self.model = model
         self.outage = outage
         self.tokens = tokens  # where streamed answers' text goes (None: nowhere)
+        self.budgets = budgets  # the fleet's model budgets (None: none configured)
         self.faults = faults if faults is not None else Faults.from_env()
         self._handed_back: dict[str, float] = {}  # turn id -> when this process handed it back
         self._told_back: set[str] = set()  # turns whose coming back was logged
@@ -230,7 +235,7 @@ class TurnWorker:
                 # the first turn of a session has no history: none is read then
                 history = self.store.session_history(turn.session_id, turn.seq) if turn.seq else []
                 sink = self.tokens.for_claim(turn.turn_id, claim.epoch) if self.tokens else None
-                ctx = agent.context(runner, self.model, turn, history, sink)
+                ctx = agent.context(runner, self.model, turn, history, sink, self.budgets)
                 reply = run_loop(agent.loop, ctx)
                 beat.check()
                 # the last model call's outcome, held back, is written with the end
@@ -264,6 +269,13 @@ class TurnWorker:
                     return delivery
                 log.warning("stopping turn %s: %s", turn.turn_id, error)
                 delivery.outcome, delivery.detail = Outcome.LOST, str(error)
+                return delivery
+            except BudgetExhausted as error:  # waits for room without its worker; no failure
+                delay = error.retry_after + random.uniform(0, 0.2)
+                log.info("turn %s: %s; waits %.1fs", turn.turn_id, error, delay)
+                _flush_quietly(journal)
+                self.leases.release(turn.turn_id, claim.epoch, delay, f"waiting: {error}")
+                delivery.outcome, delivery.detail = Outcome.DEFERRED, str(error)
                 return delivery
             except ModelUnavailable as error:
                 delay = min(settings.retry_backoff_max_seconds, 2.0 ** min(turn.attempts, 10))

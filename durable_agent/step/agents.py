@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError, InvalidArgument
 from ..journal import digest
-from .loop import Api, Loop, ModelCall, TokenSink, TurnContext, TurnInput, loop_name
+from .loop import Api, BudgetBook, Loop, ModelCall, TokenSink, TurnContext, TurnInput, loop_name
 from .responses import responses_loop
 from .tools import Tool, ToolRegistry
 
@@ -180,6 +180,7 @@ class BoundAgent:
         turn: Turn,
         history: list[tuple[str, str]],
         tokens: TokenSink | None = None,
+        budgets: BudgetBook | None = None,
     ) -> TurnContext:
         """The context this agent's loop gets for one delivery of ``turn``."""
         return TurnContext(
@@ -194,6 +195,7 @@ class BoundAgent:
             api=self.api,
             streaming=self.stream,
             tokens=tokens,
+            budgets=budgets,
         )
 
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from ..errors import InvalidArgument, TurnFailed
+from ..errors import InvalidArgument, ModelRateLimited, TurnFailed
 from .tools import ToolRegistry
 
 if TYPE_CHECKING:
@@ -50,6 +50,26 @@ class StepTokens(Protocol):
     def finish(self) -> None: ...
 
     def abandon(self) -> None: ...
+
+
+class Reservation(Protocol):
+    """A model call's share of its budget (``operate/budgets.py``)."""
+
+    def settle(self, usage: dict[str, Any] | None) -> None: ...
+
+    def rate_limited(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+class ModelBudget(Protocol):
+    def reserve(self, request: dict[str, Any]) -> Reservation: ...
+
+
+class BudgetBook(Protocol):
+    """The fleet's budgets: the one of a model, or None when it has no limit."""
+
+    def for_model(self, model: str) -> ModelBudget | None: ...
 
 
 class TokenSink(Protocol):
@@ -105,12 +125,14 @@ class TurnContext:
         api: Api = "chat",
         streaming: bool = False,
         tokens: TokenSink | None = None,
+        budgets: BudgetBook | None = None,
     ) -> None:
         self._runner = runner
         self._call_model = call_model
         self.api = api
         self.streaming = streaming  # the built-in loops stream when this is set
         self._tokens = tokens
+        self._budgets = budgets
         self.turn = turn
         self.agent = agent
         self.model_name = model
@@ -188,7 +210,24 @@ class TurnContext:
             body["stream"] = True
             if self._tokens is not None and getattr(call, "streams", False):
                 call = self._streamed(self._runner.next_step, self._tokens)
-        return self._runner.model_step(body, call)
+        budget = self._budget_of(body)
+        if budget is None:
+            return self._runner.model_step(body, call)
+        # before the intent is written: a call that waits for budget has not started
+        reservation = budget.reserve(body)
+        try:
+            return self._runner.model_step(body, _settled(call, reservation))
+        finally:
+            reservation.release()  # nothing when settled: the call was never made
+
+    def _budget_of(self, body: dict[str, Any]) -> ModelBudget | None:
+        """The budget this call is taken from (None: no budget, or a step read back)."""
+        if self._budgets is None:
+            return None
+        row = self._runner.recorded.get(self._runner.next_step)
+        if row is not None and row.status == "done":
+            return None
+        return self._budgets.for_model(str(body.get("model")))
 
     def _streamed(self, step: int, tokens: TokenSink) -> ModelCall:
         call_model: Callable[..., dict[str, Any]] = self._call_model
@@ -237,6 +276,19 @@ def function_tools(chat_schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Chat Completions tool schemas in the Responses form (the function's fields one
     level up)."""
     return [{"type": "function", **schema["function"]} for schema in chat_schemas]
+
+
+def _settled(call: ModelCall, reservation: Reservation) -> ModelCall:
+    def budgeted(body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            response = call(body)
+        except ModelRateLimited:
+            reservation.rate_limited()  # the provider says the fleet went too fast
+            raise
+        reservation.settle(response.get("usage"))
+        return response
+
+    return budgeted
 
 
 def run_loop(loop: Loop, ctx: TurnContext) -> str:

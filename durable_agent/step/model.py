@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 import openai
 
-from ..errors import ConfigurationError, ModelUnavailable, TurnFailed
+from ..errors import ConfigurationError, ModelRateLimited, ModelUnavailable, TurnFailed
 from ..redact import redact
 from ..settings import Settings
 from .model_stream import DeltaSink, StreamedAnswer, with_usage
@@ -114,6 +114,8 @@ def _status_error(error: openai.APIStatusError) -> Exception:
     text = redact(_message(error))
     if status in _CONFIGURATION:
         return TurnFailed(f"{_CONFIGURATION[status]}: {status} {text}")
+    if status == 429:
+        return ModelRateLimited(f"the model API answered 429: {text}")
     if status in _RETRYABLE_STATUSES or status >= 500:
         return ModelUnavailable(f"the model API answered {status}: {text}")
     return TurnFailed(f"the model API rejected the request ({status}): {text}")
