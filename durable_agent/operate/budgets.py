@@ -115,9 +115,8 @@ return 1
 def estimate_tokens(request: dict[str, Any], completion_default: int) -> int:
     """The tokens a call will likely use: its prompt at about four characters a token (the
     way OpenAI's tokenizers count English), plus the completion it allows."""
-    prompt = {
-        key: request.get(key) for key in ("messages", "input", "instructions", "tools", "model")
-    }
+    keys = ("messages", "input", "instructions", "tools", "model")
+    prompt = {key: request[key] for key in keys if key in request}
     text = json.dumps(prompt, separators=(",", ":"), ensure_ascii=False)
     completion = next(
         (
