@@ -1,4 +1,4 @@
-"""``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|streaming]``
+"""``python -m bench [all|journal|...|streaming|budgets]``
 ``[--quick] [--json PATH]``:
 run the benchmarks, print tables (``--quick``: one round of each, smaller sizes, for CI).
 DBOS side by side is not here: ``make bench-peers`` runs ``python -m bench.peers`` in a
@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
             "door",
             "console",
             "streaming",
+            "budgets",
         ),
         default="all",
         help="the benchmark to run (default: all)",
@@ -106,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         results["streaming"] = streaming.run(
             turns=5 if args.quick else 20, latency_turns=1 if args.quick else 3
         )
+    if args.which in ("all", "budgets"):
+        from . import budgets
+
+        results["budgets"] = budgets.run(turns=60 if args.quick else 300, baseline=not args.quick)
     out.print(f"[dim]finished in {time.monotonic() - started:.0f} s[/dim]")
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")

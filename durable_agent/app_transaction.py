@@ -95,13 +95,16 @@ def start_in_transaction(
     *,
     turn_id: str | None,
     agent: str | None,
+    concurrency_key: str | None = None,
 ) -> str:
     """Record the turn on ``connection`` in its transaction; ring after the commit."""
     lent = _lend(connection)
     name, queue = runtime.agent_queue(agent)
     conn = lent.psycopg_connection()
     _check_same_database(runtime, conn)
-    turn = record_turn(conn, session_id, message, turn_id, queue=queue, agent=name)
+    turn = record_turn(
+        conn, session_id, message, turn_id, queue=queue, agent=name, concurrency_key=concurrency_key
+    )
     if turn.status in (TurnStatus.QUEUED, TurnStatus.RUNNING):
         lent.after_commit(Doorbell(runtime, turn.session_id, turn.turn_id, turn.queue))
     return turn.turn_id

@@ -24,6 +24,7 @@ def start_turn(
     agent: str | None = None,
     settings: Settings | None = None,
     connection: object | None = None,
+    concurrency_key: str | None = None,
 ) -> str:
     """Record a turn of ``agent`` (the environment's ``default`` agent when None) in
     Postgres, then enqueue it on the agent's queue; returns the turn id.
@@ -37,9 +38,18 @@ def start_turn(
     turn exists only if that transaction commits, and its message is sent only after the
     commit (SQLAlchemy: from the commit event; psycopg: by the sweeper, after its grace
     period). A rollback leaves no turn and sends nothing.
+
+    ``concurrency_key`` (e.g. the tenant): at most ``DURABLE_AGENT_CONCURRENCY_PER_KEY``
+    turns of one key run at once across the fleet; the others wait, without a worker, and
+    start in the order they were recorded.
     """
     return runtime_for(settings).start_turn(
-        session_id, message, turn_id=turn_id, agent=agent, connection=connection
+        session_id,
+        message,
+        turn_id=turn_id,
+        agent=agent,
+        connection=connection,
+        concurrency_key=concurrency_key,
     )
 
 

@@ -115,7 +115,9 @@ class Runtime(LiveReads):
         return self._part(
             "leases",
             lambda: Leases(
-                self.database, end_dead_local_claims=self.settings.end_dead_local_claims
+                self.database,
+                end_dead_local_claims=self.settings.end_dead_local_claims,
+                key_limit=self.settings.concurrency_per_key or None,
             ),
         )
 
@@ -331,9 +333,11 @@ class Runtime(LiveReads):
         turn_id: str | None = None,
         agent: str | None = None,
         connection: object | None = None,
+        concurrency_key: str | None = None,
     ) -> str:
         """Record a turn of ``agent`` (``default`` when None) in Postgres, then enqueue it
-        on the agent's queue; returns the turn id.
+        on the agent's queue; returns the turn id. ``concurrency_key`` (e.g. the tenant):
+        at most ``DURABLE_AGENT_CONCURRENCY_PER_KEY`` turns of one key run at once.
 
         The turn is durable once this returns, even if the broker is down: the sweeper
         enqueues turns that were recorded but never sent. Passing your own ``turn_id`` makes
@@ -347,15 +351,28 @@ class Runtime(LiveReads):
         check_message(message, self.settings.max_message_bytes)
         if turn_id is not None:
             check_id("turn_id", turn_id)
+        if concurrency_key is not None:
+            check_id("concurrency_key", concurrency_key)
         if connection is not None:
             from .app_transaction import start_in_transaction
 
             return start_in_transaction(
-                self, connection, session_id, message, turn_id=turn_id, agent=agent
+                self,
+                connection,
+                session_id,
+                message,
+                turn_id=turn_id,
+                agent=agent,
+                concurrency_key=concurrency_key,
             )
         name, queue = self.agent_queue(agent)
         turn = self.journal.create_turn(
-            session_id, message, turn_id=turn_id, queue=queue, agent=name
+            session_id,
+            message,
+            turn_id=turn_id,
+            queue=queue,
+            agent=name,
+            concurrency_key=concurrency_key,
         )
         if turn.status in (TurnStatus.QUEUED, TurnStatus.RUNNING):
             try:

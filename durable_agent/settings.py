@@ -129,9 +129,10 @@ class Settings(BaseSettings):
     budget_burst_seconds: float = Field(
         default=6.0,
         gt=0,
-        le=60,
+        le=30,
         allow_inf_nan=False,
-        description="how many seconds of a budget may be spent at once (its bucket's size)",
+        description="how many seconds of a budget may be spent at once (its bucket's size; "
+        "the bucket refills at the limit less this share, so no minute passes the limit)",
     )
     budget_completion_tokens: int = Field(
         default=256,
@@ -139,6 +140,15 @@ class Settings(BaseSettings):
         le=1_000_000,
         description="the completion tokens reserved for a call that sets no max_tokens; "
         "settled with the real usage after the call",
+    )
+
+    concurrency_per_key: int = Field(
+        default=0,
+        ge=0,
+        le=100_000,
+        description="the most turns of one concurrency key (start_turn(concurrency_key=...), "
+        "e.g. the tenant) running at once across the fleet; the others wait without a worker, "
+        "in order (0: no limit)",
     )
 
     lease_seconds: float = Field(

@@ -191,6 +191,7 @@ def register_tasks(app: Celery, runtime: TaskParts) -> None:
         message: str,
         turn_id: str | None = None,
         agent: str | None = None,
+        concurrency_key: str | None = None,
     ) -> str:
         """Run the turn ``agent_turn.delay()`` recorded; record it first if the message was
         published without it (``send_task`` by name), under the task id. Every check the
@@ -200,8 +201,15 @@ def register_tasks(app: Celery, runtime: TaskParts) -> None:
             check_message(message, runtime.settings.max_message_bytes)
             if runtime.journal.find_turn(turn_id) is None:
                 name, queue = runtime.agent_queue(agent)
+                if concurrency_key is not None:
+                    check_id("concurrency_key", concurrency_key)
                 runtime.journal.create_turn(
-                    session_id, message, turn_id=turn_id, queue=queue, agent=name
+                    session_id,
+                    message,
+                    turn_id=turn_id,
+                    queue=queue,
+                    agent=name,
+                    concurrency_key=concurrency_key,
                 )
         except InvalidArgument as error:
             log.warning("agent_turn %s refused: %s", turn_id, error)
@@ -285,11 +293,13 @@ def handle_delivery(runtime: TaskParts, turn_id: str) -> str:
         # Postgres is unreachable: keep the message, wait for Postgres, then handle the turn
         # again here; the claim is this worker's own, so nothing counts as a crash.
         runtime.outage.wait()
-    if delivery.follow_up is not None:
+    for follow_up in (delivery.follow_up, delivery.next_of_key):
+        if follow_up is None:
+            continue
         try:
-            runtime.enqueue(*delivery.follow_up)
+            runtime.enqueue(*follow_up)
         except DurableAgentError as error:
-            log.warning("could not enqueue %s (the sweeper will): %s", delivery.follow_up, error)
+            log.warning("could not enqueue %s (the sweeper will): %s", follow_up, error)
     log.info("turn %s: %s %s", turn_id, delivery.outcome, delivery.detail[:200])
     if delivery.outcome in (Outcome.DONE, Outcome.FAILED, Outcome.CANCELLED, Outcome.REFUSED):
         from .results import store_end

@@ -53,6 +53,9 @@ ModelCall = Callable[[dict[str, Any]], dict[str, Any]]
 log = logging.getLogger(__name__)
 
 UNKNOWN_AGENT_RETRY_SECONDS = 30.0
+KEY_WAIT_SECONDS = 30.0
+"""The longest a turn waits for its concurrency key before the sweeper sends it again (a turn
+of its key that ends wakes the oldest waiting one at once)."""
 HAND_BACK_SECONDS = 30.0
 """How long a turn this worker handed back, and received again, waits before it is sent."""
 
@@ -79,6 +82,7 @@ class Delivery:
     outcome: Outcome
     detail: str = ""
     follow_up: tuple[str, str, str] | None = None  # (session_id, turn_id, queue) to enqueue
+    next_of_key: tuple[str, str, str] | None = None  # the turn its concurrency key lets in
     read_back: list[int] = field(default_factory=list)
     executed: list[int] = field(default_factory=list)
 
@@ -127,14 +131,24 @@ class TurnWorker:
         if isinstance(claim, Refusal):
             if claim.reason == "elsewhere":
                 return self._hand_back(turn_id, claim.detail)
+            if claim.reason == "key_busy":  # woken when a turn of its key ends
+                self.leases.wait_for_key(turn_id, KEY_WAIT_SECONDS)
+                return Delivery(turn_id, Outcome.REFUSED, claim.detail)
             log.info("delivery of %s not run: %s", turn_id, claim.detail)
             return Delivery(turn_id, Outcome.REFUSED, claim.detail)
         if claim.turn.crashes >= self.settings.max_crashes:
-            return self._give_up(claim)
-        agent = self.agents.get(claim.turn.agent)
-        if agent is None or not self.agents.serves(agent.name):
-            return self._not_served(claim)
-        return self._run(claim, agent)
+            delivery = self._give_up(claim)
+        else:
+            agent = self.agents.get(claim.turn.agent)
+            if agent is None or not self.agents.serves(agent.name):
+                return self._not_served(claim)
+            delivery = self._run(claim, agent)
+        if self.leases.key_limit is not None and delivery.outcome not in (
+            Outcome.LOST,
+            Outcome.INTERRUPTED,
+        ):  # its slot is free: the oldest waiting turn of its key goes next
+            delivery.next_of_key = self.leases.wake_next_of_key(turn_id)
+        return delivery
 
     def _hand_back(self, turn_id: str, why: str) -> Delivery:
         """A turn of a queue this worker does not serve goes back to its own queue. If it

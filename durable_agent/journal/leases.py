@@ -26,9 +26,12 @@ log = logging.getLogger(__name__)
 class Leases:
     """Claim, renew, release and end turns, fenced by epoch."""
 
-    def __init__(self, db: Database, *, end_dead_local_claims: bool = True) -> None:
+    def __init__(
+        self, db: Database, *, end_dead_local_claims: bool = True, key_limit: int | None = None
+    ) -> None:
         self.db = db
         self.end_dead_local_claims = end_dead_local_claims
+        self.key_limit = key_limit  # turns of one concurrency key running at once (None: any)
 
     def claim(
         self,
@@ -44,7 +47,7 @@ class Leases:
         by its first claim."""
         row = self._claim(turn_id, owner, lease_seconds, queues, agents)
         if row is None:
-            state = self.db.one("claim_refusal", turn_id=turn_id)
+            state = self.db.one("claim_refusal", turn_id=turn_id, key_limit=self.key_limit)
             if state is None:
                 raise TurnNotFound(turn_id)
             if not (
@@ -56,7 +59,7 @@ class Leases:
                 return _refusal(state, queues)
             row = self._claim(turn_id, owner, lease_seconds, queues, agents)
             if row is None:
-                state = self.db.one("claim_refusal", turn_id=turn_id)
+                state = self.db.one("claim_refusal", turn_id=turn_id, key_limit=self.key_limit)
                 if state is None:
                     raise TurnNotFound(turn_id)
                 return _refusal(state, queues)
@@ -78,7 +81,19 @@ class Leases:
             lease_seconds=lease_seconds,
             queues=queues,
             agents=agents,
+            key_limit=self.key_limit,
         )
+
+    def wait_for_key(self, turn_id: str, delay_seconds: float) -> None:
+        """A turn refused for its concurrency key waits (queued, no claim) until a turn of
+        its key ends (``wake_next_of_key``), or ``delay_seconds`` at most."""
+        self.db.one("wait_for_key", turn_id=turn_id, delay=delay_seconds)
+
+    def wake_next_of_key(self, turn_id: str) -> tuple[str, str, str] | None:
+        """A turn of some key ended: the oldest turn of that key still queued is due now;
+        (session_id, turn_id, queue) to send it, or None."""
+        row = self.db.one("wake_next_of_key", turn_id=turn_id)
+        return (row["session_id"], row["turn_id"], row["queue"]) if row else None
 
     def end_claim_of_dead_holder(self, turn_id: str, owner: str | None, epoch: int) -> bool:
         """End a live claim at once if its holder is a process of this machine that died."""
@@ -214,6 +229,12 @@ def _refusal(state: Row, queues: list[str] | None) -> Refusal:
     if turn.not_before is not None and _aware(turn.not_before) > now:
         left = (_aware(turn.not_before) - now).total_seconds()
         return Refusal("deferred", f"turn {turn.turn_id} is deferred for {left:.1f}s")
+    if state["key_busy"]:
+        return Refusal(
+            "key_busy",
+            f"turn {turn.turn_id} waits for a slot of its concurrency key "
+            f"{state['concurrency_key']!r} (or an older turn of the key goes first)",
+        )
     # The state moved between the claim and this look.
     return Refusal("leased", f"turn {turn.turn_id} changed hands just now")
 

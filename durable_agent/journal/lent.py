@@ -53,6 +53,7 @@ def record_turn(
     *,
     queue: str = "",
     agent: str = "default",
+    concurrency_key: str | None = None,
 ) -> Turn:
     """Record a new turn of ``agent`` at the end of its session in the transaction open on
     ``conn`` (one is begun when the connection is idle and not in autocommit mode, as
@@ -71,6 +72,7 @@ def record_turn(
                 message=message,
                 queue=queue,
                 agent=agent,
+                concurrency_key=concurrency_key,
             )
         except psycopg.errors.UniqueViolation as error:
             conn.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}", prepare=False)

@@ -47,9 +47,10 @@ class JournalStore(Listings):
         *,
         queue: str = "",
         agent: str = "default",
+        concurrency_key: str | None = None,
     ) -> Turn:
         """Record a new turn of ``agent`` at the end of its session (queued, not yet
-        enqueued); its messages go to ``queue``."""
+        enqueued); its messages go to ``queue``; ``concurrency_key``: see ``claim_turn``."""
         turn_id = turn_id or new_turn_id()
         for _ in range(20):
             try:
@@ -60,6 +61,7 @@ class JournalStore(Listings):
                     message=message,
                     queue=queue,
                     agent=agent,
+                    concurrency_key=concurrency_key,
                 )
                 assert row is not None
                 return Turn.from_row(row)

@@ -1,8 +1,12 @@
 """Model budgets the whole fleet shares: requests and tokens a minute, per model and API key.
 
-Each budget is two token buckets in one Redis hash (requests, tokens), refilled continuously
-at ``rpm/60`` and ``tpm/60`` a second up to ``DURABLE_AGENT_BUDGET_BURST_SECONDS`` worth (no
-window that empties at the minute's turn, so no burst at each minute's start). Every change is
+Each budget is two token buckets in one Redis hash (requests, tokens) of
+``DURABLE_AGENT_BUDGET_BURST_SECONDS`` worth (``cap = limit * burst / 60``), refilled
+continuously at ``(limit - cap) / 60`` a second: whatever 60 seconds one looks at, the fleet
+spends at most ``cap + (limit - cap) = limit``, so a provider that counts its limit over a
+sliding minute never sees it passed (no window of ours empties at the minute's turn, so no
+burst at each minute's start either). The price is ``burst / 60`` of the limit (10 % with the
+default 6 s). Every change is
 one Lua script, atomic across all workers, on Redis' own clock (``TIME``):
 
 - ``reserve``: before a model call, take one request and the call's *estimated* tokens (its
@@ -61,12 +65,13 @@ local r = tonumber(state[1]) or rcap
 local tk = tonumber(state[2]) or tcap
 local ts = tonumber(state[3]) or now
 local dt = math.max(0, now - ts)
-if rpm > 0 then r = math.min(rcap, r + dt * rpm / 60) end
-if tpm > 0 then tk = math.min(tcap, tk + dt * tpm / 60) end
+local rrate, trate = math.max(1e-9, (rpm - rcap) / 60), math.max(1e-9, (tpm - tcap) / 60)
+if rpm > 0 then r = math.min(rcap, r + dt * rrate) end
+if tpm > 0 then tk = math.min(tcap, tk + dt * trate) end
 local need = math.min(want, tcap)
 local wait = 0
-if rpm > 0 and r < 1 then wait = math.max(wait, (1 - r) * 60 / rpm) end
-if tpm > 0 and tk < need then wait = math.max(wait, (need - tk) * 60 / tpm) end
+if rpm > 0 and r < 1 then wait = math.max(wait, (1 - r) / rrate) end
+if tpm > 0 and tk < need then wait = math.max(wait, (need - tk) / trate) end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 if wait > 0 then
   redis.call('HSET', KEYS[1], 'r', r, 't', tk, 'ts', now)
@@ -98,7 +103,8 @@ local tcap = math.max(1, tpm * burst / 60)
 local tk = tonumber(state[2])
 local ts = tonumber(state[3])
 local r = tonumber(state[1])
-if tpm > 0 then tk = math.min(tcap, tk + math.max(0, now - ts) * tpm / 60) end
+local trate = math.max(1e-9, (tpm - tcap) / 60)
+if tpm > 0 then tk = math.min(tcap, tk + math.max(0, now - ts) * trate) end
 if limited then
   tk = math.min(tk, 0)
   r = math.min(r, 0)
@@ -233,7 +239,7 @@ def _refilled(level: float | None, per_minute: int | None, burst: float, dt: flo
     cap = max(1.0, per_minute * burst / 60)
     if level is None:
         return cap
-    return round(min(cap, level + dt * per_minute / 60), 1)
+    return round(min(cap, level + dt * max(1e-9, per_minute - cap) / 60), 1)
 
 
 class ModelBudget:
