@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
             "console",
             "streaming",
             "budgets",
+            "fairness",
         ),
         default="all",
         help="the benchmark to run (default: all)",
@@ -111,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
         from . import budgets
 
         results["budgets"] = budgets.run(turns=60 if args.quick else 300, baseline=not args.quick)
+    if args.which in ("all", "fairness"):
+        from . import fairness
+
+        if args.quick:
+            results["fairness"] = fairness.run(burst=30, few=3, baseline=False)
+        else:
+            results["fairness"] = fairness.run()
     out.print(f"[dim]finished in {time.monotonic() - started:.0f} s[/dim]")
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
