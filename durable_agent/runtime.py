@@ -134,17 +134,7 @@ class Runtime(LiveReads):
     @property
     def token_streams(self) -> TokenStreams | None:
         """The Redis streams of streamed answers' tokens (None without a Redis)."""
-        url, s = self.settings.tokens_url, self.settings
-        return self._part(
-            "token_streams",
-            lambda: (
-                TokenStreams(
-                    url, maxlen=s.token_stream_maxlen, ttl_seconds=s.token_stream_ttl_seconds
-                )
-                if url
-                else None
-            ),
-        )
+        return self._part("token_streams", lambda: TokenStreams.from_settings(self.settings))
 
     @property
     def budgets(self) -> Budgets | None:
@@ -336,17 +326,9 @@ class Runtime(LiveReads):
         concurrency_key: str | None = None,
     ) -> str:
         """Record a turn of ``agent`` (``default`` when None) in Postgres, then enqueue it
-        on the agent's queue; returns the turn id. ``concurrency_key`` (e.g. the tenant):
-        at most ``DURABLE_AGENT_CONCURRENCY_PER_KEY`` turns of one key run at once.
-
-        The turn is durable once this returns, even if the broker is down: the sweeper
-        enqueues turns that were recorded but never sent. Passing your own ``turn_id`` makes
-        a retried call return the same turn instead of creating a second one.
-
-        With ``connection`` (a SQLAlchemy Session or Connection, or a psycopg 3 connection)
-        the turn is recorded in that connection's transaction and enqueued only after it
-        commits; a rollback leaves no turn (see ``app_transaction.py``).
-        """
+        on the agent's queue; returns the turn id (see :func:`durable_agent.start_turn`:
+        ``turn_id`` makes a retry idempotent, ``connection`` records it in your transaction,
+        ``concurrency_key`` limits the turns of one key running at once)."""
         check_id("session_id", session_id)
         check_message(message, self.settings.max_message_bytes)
         if turn_id is not None:
@@ -374,6 +356,9 @@ class Runtime(LiveReads):
             agent=name,
             concurrency_key=concurrency_key,
         )
+        keyed = concurrency_key is not None and self.leases.key_limit and turn.attempts == 0
+        if keyed and not self.leases.admit_new_keyed(turn.turn_id):
+            return turn.turn_id  # its key is full: sent when a turn of the key ends
         if turn.status in (TurnStatus.QUEUED, TurnStatus.RUNNING):
             try:
                 self.enqueue(session_id, turn.turn_id, turn.queue)

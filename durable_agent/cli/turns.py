@@ -15,6 +15,7 @@ import redis
 
 from ..errors import ServiceUnavailable
 from ..inputs import check_id, check_message
+from ..operate.live import TurnEvent
 from ..operate.spend import GROUPINGS
 from ..redact import printable
 from ..runtime import Runtime
@@ -69,32 +70,35 @@ def cmd_watch(runtime: Runtime, args: argparse.Namespace) -> int:
         for event in events:
             if args.json:
                 print(json.dumps(event.as_json(), ensure_ascii=False), flush=True)
-                continue
-            if event.kind == "token":
-                print(printable(event.text) if in_text else printable(
-                    f"step {event.step_number} (attempt {event.attempt})> {event.text}"
-                ), end="", flush=True)  # fmt: skip
+            elif event.kind == "token":
+                head = "" if in_text else f"step {event.step_number} (attempt {event.attempt})> "
+                print(printable(head + event.text), end="", flush=True)
                 in_text = True
                 continue
-            if in_text:
-                print(flush=True)
-                in_text = False
-            if event.kind == "abandoned":
-                print(f"step {event.step_number}: attempt {event.attempt} abandoned", flush=True)
-            elif event.step is not None:
-                s = event.step
-                call = f"{s.kind} {s.name}" + (f" ({s.replay})" if s.kind == "tool" else "")
-                print(printable(f"step {s.step}  {call}: {s.summary(100)}"), flush=True)
+            else:
+                if in_text:
+                    print(flush=True)
+                    in_text = False
+                _print_event(event)
             if event.turn is not None:
-                turn = event.turn
-                if not args.json:
-                    text = turn.reply if turn.status == "done" else turn.error
-                    print(printable(f"{turn.status}: {text or ''}"), flush=True)
-                return 0 if turn.status == "done" else EXIT_FAILED
+                return 0 if event.turn.status == "done" else EXIT_FAILED
     except TimeoutError as error:
         error_line(f"error: {error}")
         return EXIT_TIMEOUT
     return EXIT_FAILED  # the stream ends only with the turn's end
+
+
+def _print_event(event: TurnEvent) -> None:
+    if event.kind == "abandoned":
+        print(f"step {event.step_number}: attempt {event.attempt} abandoned", flush=True)
+    elif event.step is not None:
+        s = event.step
+        call = f"{s.kind} {s.name}" + (f" ({s.replay})" if s.kind == "tool" else "")
+        print(printable(f"step {s.step}  {call}: {s.summary(100)}"), flush=True)
+    elif event.turn is not None:
+        turn = event.turn
+        text = turn.reply if turn.status == "done" else turn.error
+        print(printable(f"{turn.status}: {text or ''}"), flush=True)
 
 
 def cmd_journal(runtime: Runtime, args: argparse.Namespace) -> int:

@@ -53,9 +53,6 @@ ModelCall = Callable[[dict[str, Any]], dict[str, Any]]
 log = logging.getLogger(__name__)
 
 UNKNOWN_AGENT_RETRY_SECONDS = 30.0
-KEY_WAIT_SECONDS = 30.0
-"""The longest a turn waits for its concurrency key before the sweeper sends it again (a turn
-of its key that ends wakes the oldest waiting one at once)."""
 HAND_BACK_SECONDS = 30.0
 """How long a turn this worker handed back, and received again, waits before it is sent."""
 
@@ -132,7 +129,7 @@ class TurnWorker:
             if claim.reason == "elsewhere":
                 return self._hand_back(turn_id, claim.detail)
             if claim.reason == "key_busy":  # woken when a turn of its key ends
-                self.leases.wait_for_key(turn_id, KEY_WAIT_SECONDS)
+                self.leases.wait_for_key(turn_id)
                 return Delivery(turn_id, Outcome.REFUSED, claim.detail)
             log.info("delivery of %s not run: %s", turn_id, claim.detail)
             return Delivery(turn_id, Outcome.REFUSED, claim.detail)

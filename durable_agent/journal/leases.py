@@ -23,6 +23,11 @@ from .records import Claim, EncodedOutcome, Ended, Refusal, Turn, TurnStatus
 log = logging.getLogger(__name__)
 
 
+KEY_WAIT_SECONDS = 30.0
+"""The longest a turn waits for a slot of its concurrency key before the sweeper sends it
+again (a turn of its key that ends wakes the oldest waiting one at once)."""
+
+
 class Leases:
     """Claim, renew, release and end turns, fenced by epoch."""
 
@@ -84,10 +89,20 @@ class Leases:
             key_limit=self.key_limit,
         )
 
-    def wait_for_key(self, turn_id: str, delay_seconds: float) -> None:
+    def wait_for_key(self, turn_id: str, delay_seconds: float = KEY_WAIT_SECONDS) -> None:
         """A turn refused for its concurrency key waits (queued, no claim) until a turn of
         its key ends (``wake_next_of_key``), or ``delay_seconds`` at most."""
         self.db.one("wait_for_key", turn_id=turn_id, delay=delay_seconds)
+
+    def admit_new_keyed(self, turn_id: str, wait_seconds: float = KEY_WAIT_SECONDS) -> bool:
+        """A new turn of a concurrency key: send it now (True), or let it wait for a slot,
+        with no message, until a turn of its key ends and wakes it (False). Marked waiting
+        first, so that an end in between wakes it rather than missing it."""
+        self.wait_for_key(turn_id, wait_seconds)
+        if not self.db.value("key_admits", turn_id=turn_id, key_limit=self.key_limit):
+            return False
+        self.db.one("unwait_key", turn_id=turn_id)
+        return True
 
     def wake_next_of_key(self, turn_id: str) -> tuple[str, str, str] | None:
         """A turn of some key ended: the oldest turn of that key still queued is due now;

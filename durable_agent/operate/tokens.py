@@ -30,6 +30,8 @@ from typing import Any
 
 import redis
 
+from ..settings import Settings
+
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "durable-agent:tokens:"
@@ -63,6 +65,17 @@ class TokenStreams:
         self._client: redis.Redis | None = None
         self._lock = threading.Lock()
         self._sender = _Sender(self)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TokenStreams | None:
+        """The token streams of these settings (None without a Redis for them)."""
+        if not settings.tokens_url:
+            return None
+        return cls(
+            settings.tokens_url,
+            maxlen=settings.token_stream_maxlen,
+            ttl_seconds=settings.token_stream_ttl_seconds,
+        )
 
     @property
     def client(self) -> redis.Redis:

@@ -52,8 +52,7 @@ def test_a_burst_of_one_tenant_does_not_starve_another(stack: Stack, spawn: Spaw
             for i in range(BURST)
         ]
         b = [
-            runtime.start_turn(f"b-{i}", f"bolt {i:02d}", concurrency_key="bolt")
-            for i in range(3)
+            runtime.start_turn(f"b-{i}", f"bolt {i:02d}", concurrency_key="bolt") for i in range(3)
         ]
         turns = [stack.wait_turn(t, timeout=90) for t in a + b]
     finally:

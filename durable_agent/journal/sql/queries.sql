@@ -275,11 +275,24 @@ SET not_before = durable_agent_now() + make_interval(secs => :delay),
 WHERE turn_id = :turn_id AND status = 'queued'
 RETURNING turn_id;
 
+-- name: key_admits
+-- Whether a new turn of a concurrency key may be sent at once (fewer than :key_limit others
+-- of its key run or are sent).
+SELECT durable_agent_key_admits(concurrency_key, turn_id, CAST(:key_limit AS integer))
+FROM turns WHERE turn_id = :turn_id;
+
+-- name: unwait_key
+-- A turn that waited for its key is sent: due at once.
+UPDATE turns SET not_before = NULL, error = NULL, updated_at = durable_agent_now()
+WHERE turn_id = :turn_id AND status = 'queued'
+  AND error = 'waits for a slot of its concurrency key'
+RETURNING turn_id;
+
 -- name: wake_next_of_key
 -- A turn of the key of :turn_id ended: the oldest turn of that key still queued (and not
 -- deferred for another reason: a model outage, its budget) is due now.
 UPDATE turns AS o
-SET not_before = NULL, updated_at = durable_agent_now()
+SET not_before = NULL, error = NULL, updated_at = durable_agent_now()
 WHERE o.turn_id = (
     SELECT w.turn_id FROM turns AS w
     JOIN turns AS t ON t.turn_id = :turn_id AND w.concurrency_key = t.concurrency_key

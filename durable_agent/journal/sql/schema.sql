@@ -173,10 +173,10 @@ CREATE FUNCTION durable_agent_open_before(p_session_id text, p_seq integer) RETU
     $$;
 
 -- Whether a turn of key p_key recorded at p_created must wait: p_limit turns of the key run
--- (a live lease), or an older turn of the key is queued and due (or waits for the key too:
--- the error the refusal records), so the key's turns start in the order they were recorded. The advisory lock on the key
--- (held to the end of the claim's transaction) makes two claims of one key take turns, so
--- both cannot see room for one.
+-- (a live lease), or an older turn of the key waits for a slot (the error wait_for_key
+-- records), so the key's turns start in the order they were recorded. The advisory lock on
+-- the key (held to the end of the claim's transaction) makes two claims of one key take
+-- turns, so both cannot see room for one.
 CREATE FUNCTION durable_agent_key_busy(
     p_key text, p_turn_id text, p_created timestamptz, p_limit integer
 ) RETURNS boolean
@@ -192,11 +192,24 @@ CREATE FUNCTION durable_agent_key_busy(
             OR EXISTS (
                 SELECT 1 FROM turns
                 WHERE concurrency_key = p_key AND status = 'queued'
+                  AND error = 'waits for a slot of its concurrency key'
                   AND (created_at, turn_id) < (p_created, p_turn_id)
-                  AND (not_before IS NULL OR not_before <= durable_agent_now()
-                       OR error = 'waits for a slot of its concurrency key')
             );
         END
+    $$;
+
+-- Whether a new turn of key p_key may be sent at once: fewer than p_limit other turns of the
+-- key run or are sent and due (the others wait for a slot and are sent when one frees).
+CREATE FUNCTION durable_agent_key_admits(p_key text, p_turn_id text, p_limit integer)
+    RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+        SELECT count(*) < p_limit FROM turns
+        WHERE concurrency_key = p_key AND turn_id <> p_turn_id
+          AND ((status = 'running' AND lease_expires_at > durable_agent_now())
+               OR (status = 'queued'
+                   AND error IS DISTINCT FROM 'waits for a slot of its concurrency key'
+                   AND (not_before IS NULL OR not_before <= durable_agent_now())))
     $$;
 
 -- Live turns: every finished step and every turn that ended is announced on the channel
