@@ -333,6 +333,8 @@ class Runtime(LiveReads):
         check_message(message, self.settings.max_message_bytes)
         if turn_id is not None:
             check_id("turn_id", turn_id)
+        if concurrency_key is None and agent not in (None, "default"):
+            concurrency_key = self.agents[agent].key_for(session_id)
         if concurrency_key is not None:
             check_id("concurrency_key", concurrency_key)
         if connection is not None:

@@ -19,4 +19,6 @@ mailer = Agent(
     api="responses",
     tools=[lookup_note, send_email, list_sent_emails],
     parameters={"reasoning": {"effort": "low"}},
+    # sessions named "<tenant>:<conversation>": the tenant is the turn's concurrency key
+    concurrency_key=lambda session_id: session_id.split(":")[0],
 )

@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
@@ -76,6 +76,9 @@ class Agent:
             API: reasoning items and function calls are journalled as output items).
         stream: Whether the built-in loop streams the model's answers to the turn's
             watchers (default ``DURABLE_AGENT_STREAM``, on).
+        concurrency_key: A function of the session id giving the turn's concurrency key
+            (e.g. the tenant) when ``start_turn`` is given none; see
+            ``DURABLE_AGENT_CONCURRENCY_PER_KEY``.
     """
 
     name: str
@@ -88,6 +91,7 @@ class Agent:
     loop: Loop | None = None
     api: Api = "chat"
     stream: bool | None = None
+    concurrency_key: Callable[[str], str | None] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -128,6 +132,8 @@ class Agent:
             raise ConfigurationError(f"{where}: api must be 'chat' or 'responses'")
         if self.stream is not None and not isinstance(self.stream, bool):
             raise ConfigurationError(f"{where}: stream must be True or False")
+        if self.concurrency_key is not None and not callable(self.concurrency_key):
+            raise ConfigurationError(f"{where}: concurrency_key must be a function of the session")
         if self.loop is not None and not callable(self.loop):
             raise ConfigurationError(f"{where}: loop must be a function of the turn's context")
 
@@ -146,6 +152,18 @@ class BoundAgent:
     loop: Loop
     api: Api = "chat"
     stream: bool = False
+    concurrency_key: Callable[[str], str | None] | None = None
+
+    def key_for(self, session_id: str) -> str | None:
+        """The concurrency key this agent derives for a new turn of ``session_id``."""
+        if self.concurrency_key is None:
+            return None
+        key = self.concurrency_key(session_id)
+        if key is not None and not isinstance(key, str):
+            raise ConfigurationError(
+                f"agent {self.name!r}: concurrency_key returned {type(key).__name__}, not text"
+            )
+        return key
 
     def spec(self) -> dict[str, Any]:
         """What the agent's digest covers, as recorded on each turn (a copy)."""
@@ -326,6 +344,7 @@ def bind(
         loop=agent.loop or (responses_loop if agent.api == "responses" else default_loop),
         api=agent.api,
         stream=settings.stream if agent.stream is None else agent.stream,
+        concurrency_key=agent.concurrency_key,
     )
 
 
