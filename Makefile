@@ -14,7 +14,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,evals,embedded,docs,sqlalchemy,examples,console]'
+	$(BIN)/pip install --quiet -e '.[test,evals,embedded,docs,sqlalchemy,examples,console,otel,metrics]'
 	touch $@
 
 test: install

@@ -1,4 +1,5 @@
-"""``python -m bench [all|journal|...|streaming|budgets]``
+"""``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|timeline|``
+``telemetry|streaming|budgets|fairness]``
 ``[--quick] [--json PATH]``:
 run the benchmarks, print tables (``--quick``: one round of each, smaller sizes, for CI).
 DBOS side by side is not here: ``make bench-peers`` runs ``python -m bench.peers`` in a
@@ -33,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
             "recovery",
             "door",
             "console",
+            "telemetry",
+            "timeline",
             "streaming",
             "budgets",
             "fairness",
@@ -102,6 +105,17 @@ def main(argv: list[str] | None = None) -> int:
         from . import console_pages
 
         results["console"] = console_pages.run(samples=5 if args.quick else console_pages.SAMPLES)
+    if args.which in ("all", "telemetry"):
+        from . import telemetry
+
+        if args.quick:
+            results["telemetry"] = telemetry.run(reps=1, turns=5, big=0)
+        else:
+            results["telemetry"] = telemetry.run(reps=args.reps)
+    if args.which in ("all", "timeline"):
+        from . import timeline
+
+        results["timeline"] = timeline.run(turns=10 if args.quick else 40)
     if args.which in ("all", "streaming"):
         from . import streaming
 

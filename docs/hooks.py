@@ -217,7 +217,8 @@ def cli_reference() -> str:
 
 # -- the configuration -----------------------------------------------------------------------
 
-# Read outside Settings, by the worker's fault injection: one row each, kept here.
+# Read outside Settings (the worker's fault injection; OpenTelemetry's SDK): one row each,
+# kept here.
 OTHER_VARIABLES = [
     (
         "CRASH_AT",
@@ -227,6 +228,16 @@ OTHER_VARIABLES = [
         "exits at exactly that point (for the crash matrix and tests; inert when unset), once "
         "per worker (a prefork child that fired is replaced by one that is not armed); a tool "
         "the worker does not have stops its start (exit 2)",
+    ),
+    (
+        "OTEL_*",
+        "str",
+        "(unset)",
+        "with `DURABLE_AGENT_TRACING=true`, OpenTelemetry's own variables say where a worker "
+        "exports its spans over OTLP/HTTP: `OTEL_EXPORTER_OTLP_ENDPOINT` (or "
+        "`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), `OTEL_SERVICE_NAME` (default `durable-agent`), "
+        "`OTEL_RESOURCE_ATTRIBUTES`, `OTEL_BSP_SCHEDULE_DELAY`, ... (read by the SDK; see "
+        "[Traces and metrics](../how-to/observability.md))",
     ),
 ]
 LONG_DEFAULT = 60
@@ -499,6 +510,60 @@ def bench_recovery() -> str:
     )
 
 
+def bench_telemetry() -> str:
+    section = _section("telemetry")
+    tracing = section["tracing"]
+    off, on = tracing["off"]["median"], tracing["on"]["median"]
+    rows = [
+        [
+            f"a {section['steps']}-step turn, real Postgres, in-process model",
+            f"{off:.2f} ms",
+            f"{on:.2f} ms",
+            f"**{tracing['ratio']:.3f}x**",
+        ]
+    ]
+    scrapes = []
+    for key in ("scrape_small", "scrape_big"):
+        if key in section:
+            found = section[key]
+            scrapes.append([f"{found['turns']:,}", f"{_median(found['ms']):.1f} ms"])
+    return (
+        table(["per turn", "tracing off", "tracing on", "on / off"], rows)
+        + f"\n\nMedian of {len(tracing['on']['samples'])} alternating repetitions of "
+        f"{section['turns_per_rep']} turns each; on: the SDK's batch processor, spans "
+        "dropped by its exporter. Metrics cost a turn nothing (nothing is counted on its "
+        "path); a scrape of `durable-agent metrics` costs:\n\n"
+        + table(["turns in Postgres", "a scrape (median)"], scrapes)
+        + "\n"
+    )
+
+
+def bench_timeline() -> str:
+    timeline = _section("timeline")
+    rows = [
+        [cell(p["phase"]), f"{p['ours_ms']:.2f}", f"{p['bare_ms']:.2f}",
+         f"{p['ours_ms'] - p['bare_ms']:+.2f}"]
+        for p in timeline["phases"]
+    ]  # fmt: skip
+    statements = ", ".join(f"`{s['statement']}` {s['ms']:.2f}" for s in timeline["statements"])
+    when = timeline.get("date")
+    return (
+        table(
+            [
+                "phase (median ms over " + str(timeline["turns"]) + " turns)",
+                "durable-agent",
+                "bare Celery task",
+                "difference",
+            ],
+            rows,
+        )
+        + f"\n\nThe task's {timeline['statements_per_turn']:.0f} statements per turn, median ms: "
+        + statements
+        + (f". Measured {when}, in a run of its own (`python -m bench timeline`)." if when else ".")
+        + "\n"
+    )
+
+
 def bench_streaming() -> str:
     streaming = _section("streaming")
     first, every = streaming["first_token_ms"], streaming["token_ms"]
@@ -585,6 +650,8 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "bench-resume": bench_resume,
     "bench-growth": bench_growth,
     "bench-recovery": bench_recovery,
+    "bench-telemetry": bench_telemetry,
+    "bench-timeline": bench_timeline,
     "bench-streaming": bench_streaming,
     "bench-budgets": bench_budgets,
     "bench-fairness": bench_fairness,

@@ -58,7 +58,9 @@ class StartParts(Protocol):
 
     def agent_queue(self, agent: str | None) -> tuple[str, str]: ...
 
-    def enqueue(self, session_id: str, turn_id: str, queue: str = "") -> None: ...
+    def enqueue(self, session_id: str, turn_id: str, queue: str = "", trace: str = "") -> None: ...
+
+    def trace_context(self) -> str | None: ...
 
     def sweeper(self) -> Sweeper: ...
 
@@ -74,13 +76,14 @@ class Doorbell:
     session_id: str
     turn_id: str
     queue: str
+    trace: str = ""  # the trace context stored with the turn (tracing on)
 
     def ring(self) -> None:
         """Send it now (its message id noted first, as every send does). Never raises: the
         application's transaction has committed, and the sweeper sends what is not sent."""
         try:
             Faults.from_env().maybe_crash_before_doorbell()
-            self.runtime.enqueue(self.session_id, self.turn_id, self.queue)
+            self.runtime.enqueue(self.session_id, self.turn_id, self.queue, self.trace)
         except ServiceUnavailable as error:
             log.warning("turn %s is recorded; %s; the sweeper will enqueue it", self.turn_id, error)
         except Exception:
@@ -102,11 +105,20 @@ def start_in_transaction(
     name, queue = runtime.agent_queue(agent)
     conn = lent.psycopg_connection()
     _check_same_database(runtime, conn)
+    trace = runtime.trace_context()  # the caller's span, when tracing is on
     turn = record_turn(
-        conn, session_id, message, turn_id, queue=queue, agent=name, concurrency_key=concurrency_key
+        conn,
+        session_id,
+        message,
+        turn_id,
+        queue=queue,
+        agent=name,
+        concurrency_key=concurrency_key,
+        trace_context=trace,
     )
     if turn.status in (TurnStatus.QUEUED, TurnStatus.RUNNING):
-        lent.after_commit(Doorbell(runtime, turn.session_id, turn.turn_id, turn.queue))
+        ring = Doorbell(runtime, turn.session_id, turn.turn_id, turn.queue, trace or "")
+        lent.after_commit(ring)
     return turn.turn_id
 
 

@@ -47,6 +47,7 @@ from .operate.tokens import TokenStreams
 from .redact import remember_secrets
 from .settings import Settings, load_settings
 from .step.tools import ToolRegistry, import_module, load_tools
+from .telemetry import TelemetryParts
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -65,7 +66,7 @@ T = TypeVar("T")
 MAX_LIST = 10_000
 
 
-class Runtime(LiveReads):
+class Runtime(LiveReads, TelemetryParts):
     """Everything a durable-agent process needs, built from one Settings object."""
 
     def __init__(self, settings: Settings | None = None, *, tools: ToolRegistry | None = None):
@@ -224,6 +225,7 @@ class Runtime(LiveReads):
             faults=faults,
             tokens=self.token_streams,
             budgets=self.budgets,
+            observe_steps=self.tracing.steps if self.tracing is not None else None,
         )
 
     def sweeper(self) -> Sweeper:
@@ -233,16 +235,16 @@ class Runtime(LiveReads):
             "sweeper",
             lambda: Sweeper(
                 self.settings, self.leases, self.outage, self.publish, self.notify_uncertain
-            ),
+            ).counted_by(self.counters),
         )
 
     # -- wiring for the lower modules ---------------------------------------------------
 
-    def publish(self, session_id: str, turn_id: str, *, queue: str = "", message_id: str) -> None:
-        """Put ``run_turn(session_id, turn_id)`` on the broker with this runtime's app."""
+    def publish(self, session_id: str, turn_id: str, **message: Any) -> None:
+        """``doorbell.send`` with this runtime's app (``queue``, ``message_id``, ``trace``)."""
         from .delivery.doorbell import send
 
-        send(self.celery, session_id, turn_id, queue=queue, message_id=message_id)
+        send(self.celery, session_id, turn_id, **message)
 
     def store_end(self, turn_id: str) -> None:
         """Keep the end of the turn in Celery's result backend, if one is set, for
@@ -298,11 +300,10 @@ class Runtime(LiveReads):
 
     @property
     def queues(self) -> list[str]:
-        """The queues this runtime's workers serve (those of the agents they serve): a turn
-        of another queue is handed back."""
+        """The queues of the agents this runtime's workers serve (others are handed back)."""
         return self.agents.queues
 
-    def enqueue(self, session_id: str, turn_id: str, queue: str = "") -> None:
+    def enqueue(self, session_id: str, turn_id: str, queue: str = "", trace: str = "") -> None:
         """Send ``run_turn(session_id, turn_id)`` to the turn's queue (``""``: this
         runtime's), having noted first which message is the turn's latest."""
         from .delivery.doorbell import new_message_id
@@ -310,7 +311,7 @@ class Runtime(LiveReads):
         message_id = new_message_id()
         self.journal.mark_sent([turn_id], [message_id])
         try:
-            self.publish(session_id, turn_id, queue=queue, message_id=message_id)
+            self.publish(session_id, turn_id, queue=queue, message_id=message_id, trace=trace)
         except ServiceUnavailable:
             self.journal.unmark_sent(turn_id, message_id)
             raise
@@ -350,6 +351,7 @@ class Runtime(LiveReads):
                 concurrency_key=concurrency_key,
             )
         name, queue = self.agent_queue(agent)
+        trace = self.trace_context()  # the caller's span, when tracing is on
         turn = self.journal.create_turn(
             session_id,
             message,
@@ -357,13 +359,14 @@ class Runtime(LiveReads):
             queue=queue,
             agent=name,
             concurrency_key=concurrency_key,
+            trace_context=trace,
         )
         keyed = concurrency_key is not None and self.leases.key_limit and turn.attempts == 0
         if keyed and not self.leases.admit_new_keyed(turn.turn_id):
             return turn.turn_id  # its key is full: sent when a turn of the key ends
         if turn.status in (TurnStatus.QUEUED, TurnStatus.RUNNING):
             try:
-                self.enqueue(session_id, turn.turn_id, turn.queue)
+                self.enqueue(session_id, turn.turn_id, turn.queue, trace or "")
             except ServiceUnavailable as error:
                 log.warning(
                     "turn %s is recorded; %s; the sweeper will enqueue it", turn.turn_id, error
@@ -399,16 +402,14 @@ class Runtime(LiveReads):
         before: tuple[datetime, str] | None = None,
         limit: int = 50,
     ) -> list[Turn]:
-        """The turns that match ``turn_filter``, newest first, at most ``limit``; the next
-        page starts ``before`` the last one's ``(created_at, turn_id)`` (keyset paging:
-        every page costs the same). Without their spend ledgers (see ``with_spend``)."""
+        """The turns that match ``turn_filter``, newest first, at most ``limit``, without
+        their spend; the next page starts ``before`` the last one's (created_at, turn_id)."""
         check_count("limit", limit, MAX_LIST)
         return self.journal.find_turns(turn_filter or TurnFilter(), before=before, limit=limit)
 
     def workers(self, window_seconds: float = 3600.0) -> list[WorkerSeen]:
-        """The worker processes Postgres knows of: claims they hold, their furthest lease
-        (a heartbeat renews it every third of ``lease_seconds``), messages received within
-        ``window_seconds``."""
+        """The worker processes Postgres knows of: claims they hold, their furthest lease,
+        messages received within ``window_seconds``."""
         return self.journal.workers(window_seconds)
 
     def agents_seen(self) -> list[AgentSeen]:

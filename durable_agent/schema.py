@@ -132,6 +132,11 @@ turns = Table(
         comment="the turns of one key run at most DURABLE_AGENT_CONCURRENCY_PER_KEY at once, "
         "oldest first (NULL: no limit)",
     ),
+    _text(
+        "trace_context",
+        comment="the traceparent (and tracestate) of the request that started the turn, as "
+        "W3C headers in JSON (NULL: not traced)",
+    ),
     UniqueConstraint("session_id", "seq", name="turns_session_id_seq_key"),
     CheckConstraint(
         "status IN ('queued', 'running', 'waiting', 'done', 'failed', 'cancelled')",

@@ -100,8 +100,7 @@ class Settings(BaseSettings):
     )
     token_stream_url: str = Field(
         default="",
-        description="the Redis that carries the tokens of streamed answers to watchers ('': "
-        "the broker's, if it is Redis; none otherwise)",
+        description="the Redis of streamed answers' tokens ('': the broker's, if it is Redis)",
     )
     token_stream_maxlen: int = Field(
         default=20_000,
@@ -138,17 +137,15 @@ class Settings(BaseSettings):
         default=256,
         ge=1,
         le=1_000_000,
-        description="the completion tokens reserved for a call that sets no max_tokens; "
-        "settled with the real usage after the call",
+        description="tokens reserved for the answer of a call without max_tokens (settled after)",
     )
 
     concurrency_per_key: int = Field(
         default=0,
         ge=0,
         le=100_000,
-        description="the most turns of one concurrency key (start_turn(concurrency_key=...), "
-        "e.g. the tenant) running at once across the fleet; the others wait without a worker, "
-        "in order (0: no limit)",
+        description="the most turns of one concurrency key (start_turn(concurrency_key=...)) "
+        "running at once across the fleet; the others wait, in order (0: no limit)",
     )
 
     lease_seconds: float = Field(
@@ -242,6 +239,26 @@ class Settings(BaseSettings):
         "million tokens, comma-separated, by the model name sent, e.g. 'gpt-4o-mini=0.15/0.60'",
     )
 
+    tracing: bool = Field(
+        default=False,
+        description="send OpenTelemetry traces: a span for each delivery of a turn and each "
+        "step (needs the 'otel' extra); where to, as the standard OTEL_* variables say "
+        "(OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...)",
+    )
+    metrics_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="a worker's main process serves its Prometheus counters (sweeper "
+        "re-sends, poison messages) on this port (0: not served; needs the 'metrics' extra); "
+        "the fleet's figures come from `durable-agent metrics`",
+    )
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="the address a worker's metrics port listens on (0.0.0.0: every "
+        "interface, e.g. in a container)",
+    )
+
     console_auth: str = Field(
         default="",
         repr=False,
@@ -309,21 +326,15 @@ class Settings(BaseSettings):
         check_broker_url(url)
         return url
 
-    @field_validator("token_stream_url", "budget_url")
-    @classmethod
-    def _token_stream_is_redis(cls, url: str) -> str:
-        if url:
-            check_result_backend(url)
-        return url
-
     @property
     def tokens_url(self) -> str:
         """The Redis URL of the token streams ('' when there is none)."""
-        if self.token_stream_url:
-            return self.token_stream_url
+        return self.token_stream_url or self._broker_if_redis()
+
+    def _broker_if_redis(self) -> str:
         return self.broker_url if self.broker_url.startswith(("redis://", "rediss://")) else ""
 
-    @field_validator("result_backend")
+    @field_validator("result_backend", "token_stream_url", "budget_url")
     @classmethod
     def _result_backend_is_redis(cls, url: str) -> str:
         if url:
@@ -389,9 +400,7 @@ class Settings(BaseSettings):
     @property
     def budgets_url(self) -> str:
         """The Redis URL of the budgets ('' when there is none)."""
-        if self.budget_url:
-            return self.budget_url
-        return self.broker_url if self.broker_url.startswith(("redis://", "rediss://")) else ""
+        return self.budget_url or self._broker_if_redis()
 
     @property
     def price_table(self) -> dict[str, Price]:

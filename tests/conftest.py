@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -296,3 +297,29 @@ def user_app(monkeypatch: pytest.MonkeyPatch) -> Path:
     for name in [m for m in sys.modules if m == "giftshop" or m.startswith("giftshop.")]:
         monkeypatch.delitem(sys.modules, name)
     return USER_APP
+
+
+@pytest.fixture
+def otel_spans() -> Iterator[Any]:
+    """The spans this process ends (it is the application, or an in-process worker), in an
+    in-memory exporter emptied for each test; the process's tracer provider is set once."""
+    pytest.importorskip("opentelemetry.sdk", reason="needs the 'otel' extra")
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    global _SPANS
+    if _SPANS is None:
+        provider = trace.get_tracer_provider()
+        if not isinstance(provider, TracerProvider):
+            provider = TracerProvider()
+            trace.set_tracer_provider(provider)
+        _SPANS = InMemorySpanExporter()
+        provider.add_span_processor(SimpleSpanProcessor(_SPANS))
+    _SPANS.clear()
+    yield _SPANS
+    _SPANS.clear()
+
+
+_SPANS: Any = None

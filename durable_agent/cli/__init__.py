@@ -26,7 +26,7 @@ from ..redact import escape_log_lines
 from ..runtime import Runtime
 from ..settings import load_settings
 from ..usage import OneLineParser
-from . import operator, service, turns
+from . import metrics, operator, service, turns
 from .arguments import whole_number
 from .exits import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_USAGE, error_line
 
@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         "console", cmd_console, "serve the web console (extra 'console'; a login is required)"
     )
     console_arguments(console, whole_number(1, 65_535, "a port"))
+    metrics.register(add, whole_number(1, 65_535, "a port"))  # metrics
 
     operator.register(add)  # cancel, prune, uncertain, resolve, approvals, approve, deny
     add("eval", cmd_evals, "the evals of the pattern: crash-matrix, heed-note, two-workers, replay")

@@ -27,6 +27,7 @@ from .celery_tasks import TaskParts, register_tasks
 from .task_names import SWEEP
 
 if TYPE_CHECKING:
+    from ..telemetry.counters import WorkerCounters
     from .sweeper import SweeperThread
 
 log = logging.getLogger("durable_agent.tasks")
@@ -82,6 +83,13 @@ class AppParts(TaskParts, Protocol):
 
     def check_worker_start(self) -> None: ...
 
+    def start_tracing(self) -> None: ...
+
+    def flush_traces(self) -> None: ...
+
+    @property
+    def counters(self) -> WorkerCounters | None: ...
+
 
 def create_app(runtime: AppParts) -> Celery:
     """A Celery app for this runtime's broker and queue, with the tasks registered."""
@@ -107,6 +115,9 @@ def _check_before_start(sender: Any = None, **_: Any) -> None:
         return
     try:
         runtime.check_worker_start()
+        runtime.start_tracing()  # before the pool forks: each child inherits the exporter
+        if runtime.settings.tracing:
+            _traced.append(runtime)
         consumed = sorted(sender.app.amqp.queues.consume_from)
         check_consumed_queues(runtime, consumed)
         check_broker_reachable(sender.app, runtime.settings)
@@ -177,6 +188,24 @@ def _start_sweeper(sender: Any = None, **_: Any) -> None:
     thread.start()
 
 
+def _serve_metrics(sender: Any = None, **_: Any) -> None:
+    """The worker's counters (``DURABLE_AGENT_METRICS_PORT``) are served from its main
+    process, where what they count happens (``telemetry/counters.py``)."""
+    runtime = _runtime_of(sender)
+    counters = runtime.counters if runtime is not None else None
+    if runtime is not None and counters is not None:
+        counters.serve(runtime.settings.metrics_host, runtime.settings.metrics_port)
+
+
+def _flush_traces(sender: Any = None, **_: Any) -> None:
+    """A worker process that stops exports the spans it still holds (tracing on)."""
+    for runtime in _traced:
+        runtime.flush_traces()
+
+
+_traced: list[AppParts] = []  # the runtimes whose workers started in this process
+
+
 def _stop_sweeper(sender: Any = None, **_: Any) -> None:
     runtime = _runtime_of(sender)
     if runtime is not None and id(runtime) in _sweepers:
@@ -194,4 +223,7 @@ signals.after_setup_logger.connect(_escape_log_lines)
 signals.after_setup_task_logger.connect(_escape_log_lines)
 signals.worker_init.connect(_check_before_start)
 signals.worker_ready.connect(_start_sweeper)
+signals.worker_ready.connect(_serve_metrics)
 signals.worker_shutdown.connect(_stop_sweeper)
+signals.worker_shutdown.connect(_flush_traces)
+signals.worker_process_shutdown.connect(_flush_traces)  # a prefork child

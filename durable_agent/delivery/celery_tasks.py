@@ -35,11 +35,12 @@ from ..inputs import check_id, check_message
 from ..journal import JournalStore, worker_identity
 from ..settings import Settings
 from ..step.agents import check_agent_name
-from .doorbell import new_message_id
+from .doorbell import new_message_id, trace_headers
 from .outage import Outage
 from .task_names import AGENT_TURN, RUN_TURN, SWEEP
 
 if TYPE_CHECKING:
+    from ..telemetry.tracing import Tracing
     from .sweeper import Sweeper
     from .turn_worker import TurnWorker
 
@@ -70,7 +71,12 @@ class TaskParts(Protocol):
 
     def sweeper(self) -> Sweeper: ...
 
-    def enqueue(self, session_id: str, turn_id: str, queue: str = "") -> None: ...
+    def enqueue(self, session_id: str, turn_id: str, queue: str = "", trace: str = "") -> None: ...
+
+    @property
+    def tracing(self) -> Tracing | None: ...
+
+    def trace_context(self) -> str | None: ...
 
 
 _GUARD = "durable_agent.delivery.poison:guarded_strategy"
@@ -103,6 +109,7 @@ class RunTurnTask(TurnTask):
         message_id = options.pop("task_id", None) or new_message_id()
         runtime.journal.mark_sent([turn_id], [message_id])
         options.setdefault("queue", turn.queue or runtime.settings.queue)
+        _join_trace(options, runtime.trace_context())
         return super().apply_async((session_id, turn_id), None, task_id=message_id, **options)
 
 
@@ -134,13 +141,15 @@ class AgentTurnTask(TurnTask):
             )
         turn_id = check_id("turn_id", turn_id or task_id or new_message_id())
         name, queue = runtime.agent_queue(kwargs.get("agent"))
+        trace = runtime.trace_context()  # the caller's span, when tracing is on
         turn = runtime.journal.create_turn(
-            session_id, message, turn_id=turn_id, queue=queue, agent=name
+            session_id, message, turn_id=turn_id, queue=queue, agent=name, trace_context=trace
         )
         result = TurnResult(turn_id, app=self.app)
         if turn.finished:  # the same turn submitted again: nothing to send
             return result
         options.setdefault("queue", turn.queue or queue)
+        _join_trace(options, trace)
         runtime.journal.mark_sent([turn_id], [turn_id])
         try:
             super().apply_async(
@@ -183,7 +192,7 @@ def register_tasks(app: Celery, runtime: TaskParts) -> None:
 
     def run_turn(self: Task, session_id: str, turn_id: str) -> str:
         """Claim the turn in Postgres and run it; step aside if someone else holds it."""
-        return handle_delivery(runtime, turn_id)
+        return handle_delivery(runtime, turn_id, self.request)
 
     def agent_turn(
         self: Task,
@@ -218,7 +227,7 @@ def register_tasks(app: Celery, runtime: TaskParts) -> None:
 
             store_refusal(runtime, turn_id, refusal)
             raise refusal from None
-        return handle_delivery(runtime, turn_id)
+        return handle_delivery(runtime, turn_id, self.request)
 
     def sweep(self: Task) -> int:
         """One sweep pass, for those who schedule it with ``celery beat`` instead."""
@@ -269,7 +278,7 @@ def register_tasks(app: Celery, runtime: TaskParts) -> None:
     )(sweep)
 
 
-def handle_delivery(runtime: TaskParts, turn_id: str) -> str:
+def handle_delivery(runtime: TaskParts, turn_id: str, request: Any = None) -> str:
     """One delivery of a turn: what became of it, as the task's result (SUCCESS), or
     TurnFailed with the reason (FAILURE).
 
@@ -278,7 +287,50 @@ def handle_delivery(runtime: TaskParts, turn_id: str) -> str:
     sweeper from Postgres when it is due. Celery's countdown messages wait unacked in a
     worker's memory, and with kombu 5.7 on Redis such a worker dies when the broker
     connection drops.
+
+    With tracing on, the delivery is a span, child of the trace context in the message
+    (``request``: the task's) or else of the one stored with the turn.
     """
+    tracing = runtime.tracing
+    if tracing is None:
+        return _handle_delivery(runtime, turn_id)
+    with tracing.delivery(
+        turn_id, _message_headers(request), lambda: runtime.journal.trace_context(turn_id)
+    ) as span:
+        span.set_attribute("durable_agent.message_id", str(getattr(request, "id", "") or ""))
+        try:
+            result = _handle_delivery(runtime, turn_id)
+        except TurnFailed:  # the span records the error too
+            span.set_attribute("durable_agent.outcome", "failed")
+            raise
+        span.set_attribute("durable_agent.outcome", result.split(":", 1)[0])
+        return result
+
+
+def _join_trace(options: dict[str, Any], trace: str | None) -> None:
+    """Put the trace context in the message's headers (a no-op without one)."""
+    headers = trace_headers(trace)
+    if headers:
+        options["headers"] = {**(options.get("headers") or {}), **headers}
+
+
+def _message_headers(request: Any) -> dict[str, Any]:
+    """The trace headers of the task's message: Celery puts a message's own headers on the
+    request (and, in some versions, under ``request.headers`` too)."""
+    if request is None:
+        return {}
+    found: dict[str, Any] = {}
+    nested = getattr(request, "headers", None)
+    if isinstance(nested, dict):
+        found.update(nested)
+    for key in ("traceparent", "tracestate"):
+        value = getattr(request, key, None)
+        if value:
+            found[key] = value
+    return found
+
+
+def _handle_delivery(runtime: TaskParts, turn_id: str) -> str:
     from .turn_worker import Delivery, Outcome
 
     worker = runtime.turn_worker()

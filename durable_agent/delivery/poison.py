@@ -232,6 +232,10 @@ class GuardedConsumer(Consumer):  # type: ignore[misc]
             return
         self._dead_letter(message, queue, reason, where)
         message.reject_log_error(log, self.connection_errors, requeue=False)
+        runtime = getattr(self.app, "durable_agent_runtime", None)  # celery_app.create_app
+        counters = getattr(runtime, "counters", None)
+        if counters is not None:  # DURABLE_AGENT_METRICS_PORT
+            counters.dead_lettered(queue, where)
 
     def _dead_letter(self, message: Any, queue: str, reason: str, where: str) -> None:
         headers = dict(message.headers) if isinstance(message.headers, Mapping) else {}

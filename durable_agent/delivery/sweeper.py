@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from ..errors import DurableAgentError, ServiceUnavailable
 from ..journal import Leases
@@ -37,10 +38,17 @@ from .doorbell import new_message_id
 from .outage import Outage
 
 Publish = Callable[..., None]
-"""``publish(session_id, turn_id, *, queue, message_id)``: put the message on the broker
+"""``publish(session_id, turn_id, *, queue, message_id, trace)``: put the message on the broker
 (``doorbell.send`` with the runtime's app); ServiceUnavailable when it cannot."""
 
 log = logging.getLogger(__name__)
+
+
+class Counters(Protocol):
+    """What the sweeper counts (``telemetry/counters.py``)."""
+
+    def resent(self, reason: str) -> None: ...
+
 
 _LOCK_KEY = 0x73776565  # "swee"
 
@@ -65,6 +73,12 @@ class Sweeper:
         self.notify_uncertain = notify_uncertain  # paging.notify_new, wired by the runtime
         self.batch = batch
         self.grace_seconds = min(5.0, self.settings.requeue_after_seconds)
+        self.count_resend: Callable[[str], object] | None = None
+
+    def counted_by(self, counters: Counters | None) -> Sweeper:
+        """Count each re-send by its reason (a worker's metrics, when it serves them)."""
+        self.count_resend = counters.resent if counters is not None else None
+        return self
 
     def sweep_once(self) -> list[tuple[str, str, str]]:
         try:
@@ -98,10 +112,13 @@ class Sweeper:
                         row["turn_id"],
                         queue=row["queue"],
                         message_id=message_id,
+                        trace=row["trace_context"],  # the turn joins its trace again
                     )
                     sent.append((row["session_id"], row["turn_id"], row["why"]))
                     message_ids.append(message_id)
                     log.info("sweeper enqueued %s (%s)", row["turn_id"], row["why"])
+                    if self.count_resend is not None:
+                        self.count_resend(row["why"])
             finally:  # what went out is recorded, even if the broker failed half-way
                 if sent:
                     tx.mark_sent(

@@ -44,11 +44,14 @@ from ..settings import Settings
 from ..step.agents import AgentBook, BoundAgent, changes
 from ..step.faults import Faults
 from ..step.loop import run_loop
+from ..step.observe import StepObserver
 from ..step.runner import StepRunner
 from .heartbeat import Heartbeat
 from .outage import Outage
 
 ModelCall = Callable[[dict[str, Any]], dict[str, Any]]
+ObserveSteps = Callable[[Claim], StepObserver]
+"""Gives the observer of one claimed delivery's steps (the tracer's, when tracing is on)."""
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +105,7 @@ class TurnWorker:
         faults: Faults | None = None,
         tokens: TokenStreams | None = None,
         budgets: Budgets | None = None,
+        observe_steps: ObserveSteps | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -113,6 +117,7 @@ class TurnWorker:
         self.tokens = tokens  # where streamed answers' text goes (None: nowhere)
         self.budgets = budgets  # the fleet's model budgets (None: none configured)
         self.faults = faults if faults is not None else Faults.from_env()
+        self.observe_steps = observe_steps
         self._handed_back: dict[str, float] = {}  # turn id -> when this process handed it back
         self._told_back: set[str] = set()  # turns whose coming back was logged
 
@@ -242,6 +247,7 @@ class TurnWorker:
                         claim,
                         journal.flush,
                     ),
+                    observer=self.observe_steps(claim) if self.observe_steps else None,
                 )
                 # the first turn of a session has no history: none is read then
                 history = self.store.session_history(turn.session_id, turn.seq) if turn.seq else []

@@ -54,6 +54,7 @@ def record_turn(
     queue: str = "",
     agent: str = "default",
     concurrency_key: str | None = None,
+    trace_context: str | None = None,
 ) -> Turn:
     """Record a new turn of ``agent`` at the end of its session in the transaction open on
     ``conn`` (one is begun when the connection is idle and not in autocommit mode, as
@@ -73,6 +74,7 @@ def record_turn(
                 queue=queue,
                 agent=agent,
                 concurrency_key=concurrency_key,
+                trace_context=trace_context,
             )
         except psycopg.errors.UniqueViolation as error:
             conn.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}", prepare=False)

@@ -19,6 +19,7 @@ from .codec import digest, dumps
 from .db import Database
 from .listings import Listings
 from .notify import announce
+from .observed import Observed
 from .operator_store import OperatorStore
 from .records import EncodedOutcome, Kind, Replay, Step, Turn
 from .turn_ids import new_turn_id, submitted_again
@@ -29,9 +30,10 @@ WaitForPostgres = Callable[[ServiceUnavailable], None]
 """Blocks until Postgres answers again (given the error that found it unreachable)."""
 
 
-class JournalStore(Listings):
+class JournalStore(Listings, Observed):
     """Turns, journal rows and blobs, through the process's autocommit connection (the
-    console's listings of turns, workers and agents come from :class:`Listings`)."""
+    console's listings of turns, workers and agents come from :class:`Listings`, the
+    telemetry's reads from :class:`Observed`)."""
 
     def __init__(self, db: Database, *, blob_threshold: int = 16 * 1024) -> None:
         self.db = db
@@ -48,6 +50,7 @@ class JournalStore(Listings):
         queue: str = "",
         agent: str = "default",
         concurrency_key: str | None = None,
+        trace_context: str | None = None,
     ) -> Turn:
         """Record a new turn of ``agent`` at the end of its session (queued, not yet
         enqueued); its messages go to ``queue``; ``concurrency_key``: see ``claim_turn``."""
@@ -62,6 +65,7 @@ class JournalStore(Listings):
                     queue=queue,
                     agent=agent,
                     concurrency_key=concurrency_key,
+                    trace_context=trace_context,
                 )
                 assert row is not None
                 return Turn.from_row(row)

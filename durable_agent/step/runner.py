@@ -32,6 +32,7 @@ from ..journal import (
 from ..redact import redact
 from .call_context import CallContext, bind_call
 from .faults import Faults
+from .observe import StepNote, StepObserver
 from .tools import Tool, ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class StepRunner:
         max_steps: int = 64,
         strict: bool = False,
         approval_gate: ApprovalGate | None = None,
+        observer: StepObserver | None = None,
     ) -> None:
         self.journal = journal
         self.turn_id = journal.turn_id
@@ -84,6 +86,7 @@ class StepRunner:
         self.max_steps = max_steps
         self.strict = strict
         self.approval_gate = approval_gate
+        self.observer = observer  # the tracer (step/observe.py), when tracing is on
         self.recorded = {row.step: row for row in journal.steps()}
         self.next_step = 0
         self.read_back: list[int] = []
@@ -99,6 +102,17 @@ class StepRunner:
         self, request: dict[str, Any], call: Callable[[dict[str, Any]], dict[str, Any]]
     ) -> dict[str, Any]:
         """Run (or read back) one model call; returns the recorded response."""
+        if self.observer is None:
+            return self._model_step(request, call)
+        note = StepNote(self.next_step, "model", MODEL_STEP_NAME, "safe", request.get("model"))
+        with self.observer.observe(note):
+            note.output = self._model_step(request, call)
+            note.ran = note.step in self.executed[-1:]
+        return note.output
+
+    def _model_step(
+        self, request: dict[str, Any], call: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> dict[str, Any]:
         step = self._take_step()
         # Chat Completions' messages, or the Responses API's input items
         conversation = request["messages"] if "messages" in request else request["input"]
@@ -142,6 +156,19 @@ class StepRunner:
 
     def tool_step(self, tool_call: dict[str, Any]) -> str:
         """Run (or read back) one tool call of the model; returns the text the model sees."""
+        if self.observer is None:
+            return str(self._tool_step(tool_call)["content"])
+        name = str((tool_call.get("function") or {}).get("name") or "")
+        row, t = self.recorded.get(self.next_step), self.tools.get(name)
+        replay = row.replay if row is not None else (t.replay if t is not None else None)
+        note = StepNote(self.next_step, "tool", name, replay, None, str(tool_call.get("id") or ""))
+        with self.observer.observe(note):
+            note.output = self._tool_step(tool_call)
+            note.ran = note.step in self.executed[-1:]
+        return str(note.output["content"])
+
+    def _tool_step(self, tool_call: dict[str, Any]) -> dict[str, Any]:
+        """The recorded output of the call (its ``content`` is what the model sees)."""
         step = self._take_step()
         function = tool_call.get("function") or {}
         name = str(function.get("name") or "")
@@ -150,7 +177,8 @@ class StepRunner:
         if row is not None and row.status == "done":
             self.read_back.append(step)
             self._remember_uncertain(name, row.input, row.output)
-            return str(row.output["content"])
+            recorded: dict[str, Any] = row.output
+            return recorded
 
         t = self.tools.get(name)
         if row is not None and (row.replay == "never" or (t is not None and t.replay == "never")):
@@ -162,14 +190,14 @@ class StepRunner:
             self.journal.record_outcome(step, output)
             self.executed.append(step)
             self._remember_uncertain(name, intent, output)
-            return str(output["content"])
+            return output
 
         arguments, problem = _parse_arguments(t, name, tool_call)
         if problem is not None:
             output = _canonical({"content": problem, "error": True})
             intent = _canonical({"arguments": function.get("arguments"), "tool_call_id": call_id})
             self._record_refusal(step, row, name, intent, t.replay if t else None, output)
-            return str(output["content"])
+            return output
         assert t is not None and arguments is not None
 
         if row is not None:  # an interrupted safe tool: run it again
@@ -186,7 +214,7 @@ class StepRunner:
                 if denial is not None:
                     output = _canonical(denial)
                     self._record_refusal(step, None, name, intent, t.replay, output)
-                    return str(output["content"])
+                    return output
             self.journal.insert_intent(step, "tool", name, intent, t.replay)
             if t.replay == "never":
                 self.guard.check()  # the intent is durable; the claim must still hold to act
@@ -197,7 +225,7 @@ class StepRunner:
         self.journal.record_outcome(step, output)
         self.executed.append(step)
         self._remember_uncertain(name, intent, output)
-        return str(output["content"])
+        return output
 
     def _invoke(self, t: Tool, step: int, intent: dict[str, Any]) -> dict[str, Any]:
         key = intent.get("idempotency_key")

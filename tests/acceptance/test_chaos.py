@@ -8,9 +8,10 @@ SIGKILLs a worker four
 times (one that holds a turn, at a random moment into it) and starts a replacement, SIGKILLs
 Redis and brings it back empty on the same port, and SIGKILLs Postgres (postmaster and
 backends at once: crash recovery on restart) and brings it back on the same port. A worker
-that exits with status 1 for a known cause (``KNOWN_EXITS``: started while Postgres was down)
-is restarted, as a supervisor would; any other exit fails the test. (Workers hold no countdown
-messages, so kombu 5.7's crash on broker loss with unacked messages in memory does not occur.)
+that exits with status 1 for a known cause (``KNOWN_EXITS``: started while Postgres or Redis
+was down) is restarted, as a supervisor would; any other exit fails the test. (Workers hold
+no countdown messages, so kombu 5.7's crash on broker loss with unacked messages in memory
+does not occur.)
 
 At the end every turn is done with the clean reply, each address got exactly one email whose
 idempotency key is the one its journal recorded, every journal row is done, and the model
@@ -58,6 +59,9 @@ T = TypeVar("T")
 KNOWN_EXITS = {
     # ``durable-agent worker`` fails fast when it cannot reach Postgres at start.
     "started while Postgres was down": ["error: cannot reach Postgres"],
+    # ... and when it cannot reach the broker (a worker restarted just before Redis was
+    # killed checks the broker at start while it is down)
+    "started while Redis was down": ["error: cannot reach the broker"],
 }
 
 NOTE = "launch"

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -47,6 +48,7 @@ class Stack:
     flower_auth: str
     console_port: int
     console_auth: str
+    prometheus_port: int
     postgres_password: str
 
     def compose(self, *args: str, timeout: float = 600, check: bool = True) -> str:
@@ -61,6 +63,8 @@ class Stack:
             str(self.env_file),
             "--profile",
             "demo",
+            "--profile",
+            "metrics",
             *args,
         ]
         result = subprocess.run(
@@ -148,6 +152,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         flower_auth=f"admin:{secrets.token_urlsafe(12)}",
         console_port=_free_port(),
         console_auth=f"ops:{secrets.token_urlsafe(12)}",
+        prometheus_port=_free_port(),
         postgres_password=secrets.token_urlsafe(16),
     )
     stack.env_file.write_text(
@@ -158,6 +163,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 f"FLOWER_PORT={stack.flower_port}",
                 f"CONSOLE_AUTH={stack.console_auth}",
                 f"CONSOLE_PORT={stack.console_port}",
+                f"PROMETHEUS_PORT={stack.prometheus_port}",
                 "WORKER_CONCURRENCY=2",
                 "",
             ]
@@ -180,6 +186,29 @@ def test_the_demo_profile_runs_a_turn_with_no_api_key(stack: Stack) -> None:
     assert demo_exited() == "exited 0"
     logs = stack.compose("logs", "--no-color", "demo")
     assert "Done: the note 'launch' was sent to ada@example.com." in logs, logs
+
+
+def test_prometheus_scrapes_the_fleets_figures_and_every_worker(stack: Stack) -> None:
+    """The metrics profile: Prometheus (Debian's package) scrapes `durable-agent metrics` and
+    the three workers' own ports; a query through its HTTP API reads the demo's done turn."""
+    base = f"http://127.0.0.1:{stack.prometheus_port}/api/v1/query?query="
+
+    def query(promql: str) -> list[Any]:
+        code, data = stack.http("GET", base + urllib.parse.quote(promql))
+        return data["data"]["result"] if code == 200 and data else []
+
+    def done_turns() -> float:
+        found = query('sum(durable_agent_turns{status="done"})')
+        return float(found[0]["value"][1]) if found else 0.0
+
+    _wait(lambda: done_turns() >= 1, 120, "a done turn in Prometheus")
+    tokens = query('sum(durable_agent_model_tokens_total{type="input"})')
+    assert tokens and float(tokens[0]["value"][1]) > 0, tokens
+    _wait(
+        lambda: len(query('up{job="durable-agent-workers"} == 1')) == 3,
+        90,
+        "the three workers' metrics scraped",
+    )
 
 
 def test_flower_needs_credentials_and_lists_the_three_workers(stack: Stack) -> None:

@@ -8,10 +8,10 @@
 
 -- name: create_turn
 -- Record a new turn at the end of its session.
-INSERT INTO turns (turn_id, session_id, seq, message, queue, agent, created_at, updated_at,
-                   concurrency_key)
+INSERT INTO turns (turn_id, session_id, seq, message, queue, agent, trace_context,
+                   created_at, updated_at, concurrency_key)
 SELECT :turn_id, :session_id, coalesce(max(seq) + 1, 0), :message, :queue, :agent,
-       durable_agent_now(), durable_agent_now(), CAST(:concurrency_key AS text)
+       :trace_context, durable_agent_now(), durable_agent_now(), CAST(:concurrency_key AS text)
 FROM turns WHERE session_id = :session_id
 RETURNING turn_id, session_id, seq, status, message, reply, error, attempts, crashes,
           lease_owner, lease_epoch, lease_expires_at, not_before, enqueued_at,
@@ -449,7 +449,7 @@ probes AS MATERIALIZED (
            OR q.last_received <= durable_agent_now() - make_interval(secs => :requeue_after))
 ),
 due AS (
-    SELECT c.session_id, c.seq, c.turn_id, c.queue, c.created_at,
+    SELECT c.session_id, c.seq, c.turn_id, c.queue, c.created_at, c.trace_context,
            CASE
              WHEN c.enqueued_at IS NULL
                   AND c.created_at <= durable_agent_now() - make_interval(secs => :grace)
@@ -476,7 +476,7 @@ due AS (
       AND (c.not_before IS NULL OR c.not_before <= durable_agent_now())
       AND (c.lease_owner IS NULL OR c.lease_expires_at <= durable_agent_now())
 )
-SELECT d.session_id, d.turn_id, d.queue, d.why
+SELECT d.session_id, d.turn_id, d.queue, d.why, d.trace_context
 FROM (SELECT * FROM due WHERE why IS NOT NULL ORDER BY created_at OFFSET 0) AS d
 WHERE NOT EXISTS (SELECT 1 FROM turns AS e
                   WHERE e.session_id = d.session_id AND e.seq < d.seq
@@ -914,3 +914,60 @@ SELECT to_regclass('schema_version') IS NOT NULL;
 
 -- name: max_schema_version
 SELECT max(version) FROM schema_version;
+
+-- ---------------------------------------------------------------------------------------
+-- the fleet's figures, for `durable-agent metrics` (Prometheus reads them at each scrape)
+-- ---------------------------------------------------------------------------------------
+
+-- name: trace_context
+-- The trace context a traced start_turn stored with the turn (a delivery without one in its
+-- message joins the trace through it).
+SELECT trace_context FROM turns WHERE turn_id = :turn_id;
+
+-- name: metric_turns
+-- Turns by agent and status, and the claims taken over from a holder that died or whose
+-- lease ran out (each such claim counts one crash of its turn).
+SELECT agent, status, count(*) AS turns, coalesce(sum(crashes), 0) AS takeovers
+FROM turns GROUP BY agent, status;
+
+-- name: metric_steps
+-- Recorded steps by kind, tool name and replay label, with how long the finished ones took
+-- (intent to outcome), counted into the histogram's buckets: `bucket` i holds the steps of
+-- bounds[i] <= seconds < bounds[i + 1] (width_bucket), 0 those under the first bound.
+SELECT kind, name, coalesce(replay, '') AS replay,
+       width_bucket(extract(epoch FROM finished_at - created_at), CAST(:bounds AS float8[]))
+           AS bucket,
+       count(*) AS steps,
+       coalesce(sum(extract(epoch FROM finished_at - created_at)), 0) AS seconds
+FROM journal WHERE status = 'done' AND finished_at IS NOT NULL
+GROUP BY kind, name, replay, bucket;
+
+-- name: metric_turn_latency
+-- Finished turns by agent and status, from recorded to ended, in the histogram's buckets.
+SELECT agent, status,
+       width_bucket(extract(epoch FROM finished_at - created_at), CAST(:bounds AS float8[]))
+           AS bucket,
+       count(*) AS turns,
+       coalesce(sum(extract(epoch FROM finished_at - created_at)), 0) AS seconds
+FROM turns WHERE finished_at IS NOT NULL
+GROUP BY agent, status, bucket;
+
+-- name: metric_open_work
+-- Uncertain effects no operator has resolved yet (as `durable-agent uncertain` lists them),
+-- and tool calls waiting for a person's decision, by agent.
+SELECT t.agent, 'uncertain' AS what, count(*) AS open
+FROM journal AS j JOIN turns AS t ON t.turn_id = j.turn_id
+WHERE j.replay = 'never'
+  AND (j.output @> '{"uncertain": true}'
+       OR (j.status = 'intent' AND t.status IN ('done', 'failed', 'cancelled')))
+  AND NOT EXISTS (SELECT 1 FROM resolutions AS r WHERE r.turn_id = j.turn_id AND r.step = j.step)
+GROUP BY t.agent
+UNION ALL
+SELECT t.agent, 'approval' AS what, count(*) AS open
+FROM approvals AS a JOIN turns AS t ON t.turn_id = a.turn_id
+WHERE a.decision IS NULL AND t.status = 'waiting'
+GROUP BY t.agent;
+
+-- name: metric_queues
+-- The queues turns are sent to (their dead-letter queues are measured on the broker).
+SELECT DISTINCT queue FROM turns WHERE queue <> '';

@@ -33,6 +33,7 @@ CREATE TABLE turns (
     agent_spec    jsonb,
     agent_changes text,
     concurrency_key text,
+    trace_context text,
     UNIQUE (session_id, seq)
 );
 
@@ -45,6 +46,7 @@ COMMENT ON COLUMN turns.agent_digest IS 'sha256 of the agent''s spec when the tu
 COMMENT ON COLUMN turns.agent_spec IS 'that spec, to say what changed when the turn resumes under another one';
 COMMENT ON COLUMN turns.concurrency_key IS 'the turns of one key run at most DURABLE_AGENT_CONCURRENCY_PER_KEY at once, oldest first (NULL: no limit)';
 COMMENT ON COLUMN turns.agent_changes IS 'what differed from agent_spec the last time the turn was resumed (NULL: nothing)';
+COMMENT ON COLUMN turns.trace_context IS 'the traceparent (and tracestate) of the request that started the turn, as W3C headers in JSON (NULL: not traced)';
 
 CREATE INDEX turns_open_idx ON turns (lease_expires_at) WHERE status IN ('queued', 'running');
 CREATE INDEX turns_open_by_key_idx ON turns (concurrency_key, created_at, turn_id)
