@@ -334,8 +334,10 @@ class Runtime(LiveReads, TelemetryParts):
         check_message(message, self.settings.max_message_bytes)
         if turn_id is not None:
             check_id("turn_id", turn_id)
-        if concurrency_key is None and agent not in (None, "default"):
-            concurrency_key = self.agents[agent].key_for(session_id)
+        if concurrency_key is None and agent is not None and agent != "default":
+            from .step.agents import check_agent_name
+
+            concurrency_key = self.agents[check_agent_name(agent)].key_for(session_id)
         if concurrency_key is not None:
             check_id("concurrency_key", concurrency_key)
         if connection is not None:

@@ -69,7 +69,10 @@ def test_turns_wait_for_budget_without_failing_and_a_killed_worker_leaks_nothing
     report = stack.report()
     assert [t.status for t in turns] == ["done"] * TURNS, report
     assert all(t.crashes <= 1 for t in turns), report
-    assert sum(t.crashes for t in turns) == 4, report  # the four killed mid-call
+    crashes = [t.crashes for t in turns]
+    # the four killed mid-call, and any of the other two slots' turns killed between their
+    # claim and their wait for budget
+    assert 4 <= sum(crashes) <= 6, (crashes, report)
     after = Runtime(settings)
     assert after.budgets is not None
     (use,) = after.budgets.use()

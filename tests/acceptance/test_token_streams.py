@@ -90,6 +90,7 @@ def test_a_watcher_gets_the_text_as_it_is_written_then_the_step_then_the_end(
                 break  # the tab closes
         stack.model.wait_for_held_stream(1, timeout=30)
         back = Watcher(runtime, turn_id, after=hung_up[-1].id)
+        wait_until(lambda: bool(back.events), 10, "the sixth piece, sent before the hold")
         stack.model.release()
         events = watcher.join()
         rest = back.join()
