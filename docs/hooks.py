@@ -581,6 +581,13 @@ def bench_streaming() -> str:
             "",
         ],
         [
+            "the same turn streamed, its pieces sent nowhere (the SDK's and the server's part)",
+            f"{_median(streaming['streamed_nowhere_ms']):.1f} ms"
+            if "streamed_nowhere_ms" in streaming
+            else "-",
+            "",
+        ],
+        [
             f"the same turn streamed ({streaming['pieces_per_reply']} pieces through Redis)",
             f"{streamed:.1f} ms",
             f"**{streaming['ratio']:.2f} times** the unstreamed turn",

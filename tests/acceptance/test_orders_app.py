@@ -108,7 +108,7 @@ def test_the_streaming_chat_endpoint_served_by_uvicorn_to_a_real_http_client(
 ) -> None:
     """``uvicorn`` serves the app; ``httpx`` posts a message to ``/chat`` and reads the
     server-sent events: the answer's text as it is written, hangs up after three pieces
-    (the stream held there), comes back with ``Last-Event-ID`` and gets the rest, nothing
+    (the stream held after four), comes back with ``Last-Event-ID`` and gets the rest, nothing
     twice, then the steps and the end with the reply."""
     import socket
 
@@ -117,7 +117,7 @@ def test_the_streaming_chat_endpoint_served_by_uvicorn_to_a_real_http_client(
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    stack.model.hold_stream(after=3)
+    stack.model.hold_stream(after=4)
     spawn(pool="prefork", concurrency=1)
     server = subprocess.Popen(
         [
@@ -149,12 +149,12 @@ def test_the_streaming_chat_endpoint_served_by_uvicorn_to_a_real_http_client(
                         break  # the connection drops
             stack.model.wait_for_held_stream(1, timeout=30)
             turn_id = str(first[0][2]["turn_id"])
-            stack.model.chunk_seconds = 0.05  # the rest of the answer comes after the reconnect
             headers = {"Last-Event-ID": first[-1][0]}
             with client.stream("GET", f"{url}/chat/{turn_id}/events", headers=headers) as again:
                 assert again.status_code == 200
                 events = _events(again)
-                rest = [next(events)]  # the turn's id: the server is streaming
+                rest = [next(events), next(events)]  # the turn's id, then the fourth piece
+                assert rest[1][1] == "token", rest  # written before the hold
                 stack.model.release()
                 rest.extend(events)
             gone = client.get(f"{url}/chat/{turn_id}/events", headers={"Last-Event-ID": "end"})

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -206,3 +206,70 @@ def test_a_worker_killed_mid_stream_its_attempt_abandoned_then_the_new_one_from_
     assert "step 4: attempt 1 abandoned" in out, out
     assert f"step 4 (attempt {second})> {stack.clean_reply}" in out, out
     assert out.rstrip().endswith(f"done: {stack.clean_reply}"), out
+
+
+def test_the_stdlib_sse_example_streams_tokens_and_goes_on_from_last_event_id(
+    stack: Stack, spawn: Spawn
+) -> None:
+    """``live_sse`` with ``?tokens=1``: a real HTTP client gets the pieces, hangs up after two
+    (the answer held after three), comes back with ``Last-Event-ID`` and gets the rest."""
+    import http.client
+    import json
+
+    from durable_agent_examples.live_sse import make_server
+
+    stack.model.hold_stream(after=3)
+    spawn()
+    runtime = Runtime(stack.settings)
+    server = make_server(runtime)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    def read(
+        turn_id: str, last: str | None, stop_after_tokens: int | None, events: list[Any]
+    ) -> list[Any]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        headers = {"Last-Event-ID": last} if last else {}
+        conn.request("GET", f"/turns/{turn_id}/events?tokens=1", headers=headers)
+        response = conn.getresponse()
+        assert response.status == 200
+        fields: dict[str, str] = {}
+        while True:
+            line = response.readline().decode()
+            if not line:
+                break
+            if line.strip():
+                name, _, value = line.strip().partition(": ")
+                fields[name] = value
+                continue
+            events.append((fields["id"], fields["event"], json.loads(fields["data"])))
+            fields = {}
+            tokens = sum(e[1] == "token" for e in events)
+            if stop_after_tokens is not None and tokens == stop_after_tokens:
+                break
+        conn.close()
+        return events
+
+    try:
+        turn_id = runtime.start_turn("s-sse-tokens", stack.message)
+        first = read(turn_id, None, 2, [])
+        stack.model.wait_for_held_stream(1, timeout=30)
+        rest: list[Any] = []
+        reader = threading.Thread(target=read, args=(turn_id, first[-1][0], None, rest))
+        reader.start()
+        # the third piece was written before the hold: the reader has it, then the rest
+        wait_until(lambda: any(e[1] == "token" for e in rest), 10, "the third piece")
+        stack.model.release()
+        reader.join(60)
+    finally:
+        stack.model.release()
+        server.shutdown()
+        server.server_close()
+        runtime.close()
+    report = stack.report(turn_id)
+    events = first + rest
+    assert [e[1] for e in events[:4]] == ["step"] * 4, report
+    assert [e[1] for e in events[-2:]] == ["step", "end"], report
+    text = "".join(e[2]["text"] for e in events if e[1] == "token")
+    assert text == stack.clean_reply, report
+    assert len({e[0] for e in events}) == len(events)  # no event twice
