@@ -5,10 +5,15 @@ that sends the same request again, byte for byte."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
 from typing import TYPE_CHECKING
 
 from durable_agent import start_turn
+from durable_agent.testing.harness import settings_env
 
 if TYPE_CHECKING:
     from conftest import Spawn, Stack
@@ -51,3 +56,13 @@ def test_a_responses_turn_resumed_after_a_kill_sends_the_same_requests(
     assert resent == step0["output"]
     assert requests[2]["input"][3]["type"] == "function_call_output"
     assert requests[2]["instructions"] == stack.settings.system_prompt
+    # a replay walks the loop over the journal with the model switched off: same requests
+    replay = subprocess.run(
+        [sys.executable, "-m", "durable_agent", "replay", turn_id, "--json"],
+        env={**os.environ, **settings_env(settings), **stack.env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert json.loads(replay.stdout)["ok"] is True
