@@ -19,7 +19,8 @@ shows a splice of two attempts or a text twice:
   twice and nothing skipped (``Cursor``).
 
 Tokens come through ``XREAD BLOCK`` in slices of ``_BLOCK_MS``; the journal is read when
-Postgres announces a step (``live.py``), or at the end of a slice.
+Postgres announces a step (``live.py``), and every ``poll_seconds`` whatever it heard, so a
+watcher waiting through a long tool call costs Redis reads, not Postgres queries.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ..errors import InvalidArgument
 from ..inputs import check_id, check_timeout
 from ..journal import JournalStore, Turn
 from .live import Announcements, Subscription, TurnEvent, WithSpend, _wait, check_after_step
-from .tokens import TokenStreams
+from .tokens import TokenEntry, TokenStreams
 
 log = logging.getLogger(__name__)
 
@@ -94,70 +95,99 @@ def stream_with_tokens(
     stream_id = cursor.stream_id
     attempt = cursor.attempt
     tokens_up = True
+    read_at: float | None = None  # when the journal was last read (None: read it now)
+    backlog: list[TokenEntry] = []  # entries read before the steps they come after
+    turn = store.get_turn(turn_id)
     with announcements.subscribe(turn_id) as subscription:
         while True:
-            turn = store.get_turn(turn_id)
-            for step in store.load_journal_from(turn_id, next_step):
-                if step.step != next_step or step.status != "done":
-                    break
-                next_step += 1
-                if attempt is not None and attempt[0] < next_step:
-                    attempt = None  # that step is done: its text is in the step
-                at = str(Cursor(next_step - 1, stream_id, attempt))
-                yield TurnEvent(turn_id, "step", step=step, cursor=at)
-            if turn.finished:
-                yield TurnEvent(turn_id, "end", turn=with_spend([turn])[0])
-                return
+            if read_at is None or time.monotonic() - read_at >= poll_seconds:
+                turn = store.get_turn(turn_id)
+                read_at = time.monotonic()
+                for step in store.load_journal_from(turn_id, next_step):
+                    if step.step != next_step or step.status != "done":
+                        break
+                    next_step += 1
+                    if attempt is not None and attempt[0] < next_step:
+                        attempt = None  # that step is done: its text is in the step
+                    at = str(Cursor(next_step - 1, stream_id, attempt))
+                    yield TurnEvent(turn_id, "step", step=step, cursor=at)
+                for entry in backlog:
+                    stream_id = entry.id
+                    events, attempt = _apply(turn_id, entry, next_step, attempt)
+                    yield from events
+                backlog = []
+                if turn.finished:
+                    yield TurnEvent(turn_id, "end", turn=with_spend([turn])[0])
+                    return
             if not tokens_up:
                 tokens_up = _wait_for_tokens(subscription, turn, poll_seconds, deadline, timeout)
+                read_at = None
                 continue
             _check_deadline(subscription, turn, deadline, timeout)
             try:
-                block = None if _pending(subscription) else _BLOCK_MS
-                entries = tokens.read(turn_id, stream_id, block_ms=block)
+                announced = _pending(subscription)  # then the journal is read next
+                entries = tokens.read(turn_id, stream_id, block_ms=None if announced else _BLOCK_MS)
             except redis.RedisError as error:
                 log.warning(
                     "the token stream of %s cannot be read (%s): steps only", turn_id, error
                 )
-                tokens_up = False
+                tokens_up, read_at = False, None
+                continue
+            if announced:
+                read_at = None
+            if any(entry.step > next_step for entry in entries):
+                # a later step's call has begun, so every step before it is in the journal:
+                # give those first, then this text
+                backlog, read_at = entries, None
                 continue
             for entry in entries:
                 stream_id = entry.id
-                if entry.step < next_step or entry.kind == "finish":
-                    continue
-                if attempt is not None and attempt[0] == entry.step:
-                    if entry.epoch < attempt[1]:
-                        continue  # an older attempt, still writing: not shown
-                    if entry.epoch > attempt[1]:
-                        gone = attempt
-                        attempt = None
-                        at = str(Cursor(next_step - 1, stream_id, None))
-                        yield TurnEvent(
-                            turn_id, "abandoned", step_number=gone[0], attempt=gone[1], cursor=at
-                        )
-                if entry.kind == "abandoned":
-                    if attempt == (entry.step, entry.epoch):
-                        attempt = None
-                        at = str(Cursor(next_step - 1, stream_id, None))
-                        yield TurnEvent(
-                            turn_id,
-                            "abandoned",
-                            step_number=entry.step,
-                            attempt=entry.epoch,
-                            cursor=at,
-                        )
-                    continue
-                attempt = (entry.step, entry.epoch)
-                if entry.kind == "delta":
-                    at = str(Cursor(next_step - 1, stream_id, attempt))
-                    yield TurnEvent(
-                        turn_id,
-                        "token",
-                        step_number=entry.step,
-                        attempt=entry.epoch,
-                        text=entry.text,
-                        cursor=at,
-                    )
+                events, attempt = _apply(turn_id, entry, next_step, attempt)
+                yield from events
+
+
+def _apply(
+    turn_id: str, entry: TokenEntry, next_step: int, attempt: tuple[int, int] | None
+) -> tuple[list[TurnEvent], tuple[int, int] | None]:
+    """What one entry of the token stream gives a watcher, and the attempt it shows after."""
+    if entry.step < next_step or entry.kind == "finish":
+        return [], attempt  # a finished step is given whole, from the journal
+    events: list[TurnEvent] = []
+    if attempt is not None and attempt[0] == entry.step:
+        if entry.epoch < attempt[1]:
+            return [], attempt  # an older attempt, still writing: not shown
+        if entry.epoch > attempt[1]:
+            at = str(Cursor(next_step - 1, entry.id, None))
+            events.append(
+                TurnEvent(
+                    turn_id, "abandoned", step_number=attempt[0], attempt=attempt[1], cursor=at
+                )
+            )
+            attempt = None
+    if entry.kind == "abandoned":
+        if attempt == (entry.step, entry.epoch):
+            at = str(Cursor(next_step - 1, entry.id, None))
+            events.append(
+                TurnEvent(
+                    turn_id, "abandoned", step_number=entry.step, attempt=entry.epoch, cursor=at
+                )
+            )
+            attempt = None
+        return events, attempt
+    attempt = (entry.step, entry.epoch)
+    if entry.kind == "delta":
+        at = str(Cursor(next_step - 1, entry.id, attempt))
+        events.append(
+            TurnEvent(
+                turn_id,
+                "token",
+                step_number=entry.step,
+                attempt=entry.epoch,
+                text=entry.text,
+                cursor=at,
+            )
+        )
+    return events, attempt
 
 
 def _pending(subscription: Subscription) -> bool:

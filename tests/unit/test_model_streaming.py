@@ -132,3 +132,36 @@ def test_a_cursor_reads_back_what_it_wrote_and_refuses_anything_else() -> None:
     for bad in ("x", "1/2/3", "1/abc-1/-", "-2/0-0/-", "1/0-0/4"):
         with pytest.raises(InvalidArgument):
             Cursor.parse(bad)
+
+
+def test_a_watcher_never_splices_two_attempts_of_a_step() -> None:
+    """Entries of attempt 1 of step 4, then attempt 2 (a new claim), then a late piece of
+    attempt 1 (a worker that lost its claim still writing): attempt 1's text, abandoned,
+    attempt 2's text from its start, and the late piece dropped."""
+    from durable_agent.operate.live_tokens import _apply
+    from durable_agent.operate.tokens import TokenEntry
+
+    entries = [
+        TokenEntry("1-0", 4, 1, "start", ""),
+        TokenEntry("1-1", 4, 1, "delta", "Hel"),
+        TokenEntry("2-0", 4, 2, "start", ""),
+        TokenEntry("2-1", 4, 2, "delta", "Hello"),
+        TokenEntry("2-2", 4, 1, "delta", "lo!"),  # late, from the old attempt
+        TokenEntry("2-3", 4, 2, "delta", " there"),
+        TokenEntry("2-4", 4, 2, "finish", ""),
+        TokenEntry("3-0", 3, 2, "delta", "old step"),  # a step already given whole
+    ]
+    attempt = None
+    given = []
+    for entry in entries:
+        events, attempt = _apply("t", entry, 4, attempt)
+        given.extend((e.kind, e.attempt, e.text) for e in events)
+    assert given == [
+        ("token", 1, "Hel"),
+        ("abandoned", 1, ""),
+        ("token", 2, "Hello"),
+        ("token", 2, " there"),
+    ]
+    # an attempt that failed (the call raised) says so itself
+    failed, attempt = _apply("t", TokenEntry("4-0", 4, 2, "abandoned", ""), 4, (4, 2))
+    assert [(e.kind, e.attempt) for e in failed] == [("abandoned", 2)] and attempt is None
