@@ -1,5 +1,5 @@
 """``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|sealing|``
-``timeline|telemetry]``
+``timeline|telemetry|fleet]``
 ``[--quick] [--json PATH]``:
 run the benchmarks, print tables (``--quick``: one round of each, smaller sizes, for CI).
 DBOS side by side is not here: ``make bench-peers`` runs ``python -m bench.peers`` in a
@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
             "telemetry",
             "sealing",
             "timeline",
+            "fleet",
         ),
         default="all",
         help="the benchmark to run (default: all)",
@@ -118,6 +119,14 @@ def main(argv: list[str] | None = None) -> int:
         from . import timeline
 
         results["timeline"] = timeline.run(turns=10 if args.quick else 40)
+    if args.which in ("all", "fleet"):
+        from . import fleet
+
+        if args.quick:
+            results["fleet"] = fleet.run(rounds=1, turns_per_slot=1, configs=[(2, 8)],
+                                         group_commit=(False,))  # fmt: skip
+        else:
+            results["fleet"] = fleet.run(rounds=max(1, args.reps // 3))
     out.print(f"[dim]finished in {time.monotonic() - started:.0f} s[/dim]")
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
