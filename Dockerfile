@@ -1,5 +1,5 @@
-# The durable-agent image: the worker (its default command), the CLI, Flower, the web
-# console, the metrics exporter (and tracing) and the test
+# The durable-agent image: the worker (its default command), the CLI (encryption at rest
+# included), Flower, the web console, the metrics exporter (and tracing) and the test
 # servers of the compose demo profile. Built on Debian's Python, so it needs no Python base
 # image: `docker compose build` here, or `docker build -t durable-agent .`.
 FROM debian:bookworm-slim
@@ -22,7 +22,7 @@ WORKDIR /src
 COPY pyproject.toml ./
 RUN python3 -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 extras = p['optional-dependencies']; \
-print('\n'.join(p['dependencies'] + extras['testing'] + extras['flower'] + extras['console'] + extras['metrics'] + extras['otel']))" > requirements.txt \
+print('\n'.join(p['dependencies'] + extras['testing'] + extras['flower'] + extras['console'] + extras['metrics'] + extras['otel'] + extras['encryption']))" > requirements.txt \
  && pip install -r requirements.txt
 COPY README.md ./
 COPY durable_agent ./durable_agent

@@ -1,5 +1,5 @@
-"""``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|timeline|``
-``telemetry|streaming|budgets|fairness]``
+"""``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|sealing|``
+``timeline|telemetry|fleet|streaming|budgets|fairness]``
 ``[--quick] [--json PATH]``:
 run the benchmarks, print tables (``--quick``: one round of each, smaller sizes, for CI).
 DBOS side by side is not here: ``make bench-peers`` runs ``python -m bench.peers`` in a
@@ -35,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
             "door",
             "console",
             "telemetry",
+            "sealing",
             "timeline",
+            "fleet",
             "streaming",
             "budgets",
             "fairness",
@@ -112,10 +114,22 @@ def main(argv: list[str] | None = None) -> int:
             results["telemetry"] = telemetry.run(reps=1, turns=5, big=0)
         else:
             results["telemetry"] = telemetry.run(reps=args.reps)
+    if args.which in ("all", "sealing"):
+        from . import sealing
+
+        results["sealing"] = sealing.run(reps=args.reps)
     if args.which in ("all", "timeline"):
         from . import timeline
 
         results["timeline"] = timeline.run(turns=10 if args.quick else 40)
+    if args.which in ("all", "fleet"):
+        from . import fleet
+
+        if args.quick:
+            results["fleet"] = fleet.run(rounds=1, turns_per_slot=1, configs=[(2, 8)],
+                                         group_commit=(False,))  # fmt: skip
+        else:
+            results["fleet"] = fleet.run(rounds=max(1, args.reps // 3))
     if args.which in ("all", "streaming"):
         from . import streaming
 

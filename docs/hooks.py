@@ -538,6 +538,34 @@ def bench_telemetry() -> str:
     )
 
 
+def bench_sealing() -> str:
+    """Encryption at rest: sealed against clear, per step and per resume."""
+    sealing = _section("sealing")
+    rows = []
+    for label, key, unit, fmt in (
+        ("a model or `safe` step (intent + outcome)", "step", "us", "{:,.0f} µs"),
+        ("control: no key on either side", "control", "us", "{:,.0f} µs"),
+    ):
+        part = sealing[key]
+        clear, sealed = _median(part[f"clear_{unit}"]), _median(part[f"sealed_{unit}"])
+        rows.append([label, fmt.format(clear), fmt.format(sealed), f"{sealed / clear:.2f}x"])
+    resume = sealing["resume"]
+    clear, sealed = _median(resume["clear_ms"]), _median(resume["sealed_ms"])
+    rows.append(
+        [
+            f"resume of {resume['steps'] - 1:,} steps",
+            f"{clear:,.1f} ms",
+            f"{sealed:,.1f} ms",
+            f"{sealed / clear:.2f}x",
+        ]
+    )
+    run = bench_results().get("sealing_run", {})
+    when = f" Measured {run['date']}, {run['reps']} repetitions, in a run of its own" if run else ""
+    return table(["measure", "clear", "sealed", "sealed / clear"], rows) + (
+        f"\n\n{when.strip()} (`python -m bench sealing`).\n" if when else "\n"
+    )
+
+
 def bench_timeline() -> str:
     timeline = _section("timeline")
     rows = [
@@ -658,6 +686,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "bench-growth": bench_growth,
     "bench-recovery": bench_recovery,
     "bench-telemetry": bench_telemetry,
+    "bench-sealing": bench_sealing,
     "bench-timeline": bench_timeline,
     "bench-streaming": bench_streaming,
     "bench-budgets": bench_budgets,

@@ -10,8 +10,10 @@ from .errors import (
     ConfigurationError,
     DurableAgentError,
     InvalidArgument,
+    KeyUnavailable,
     LeaseLost,
     ModelUnavailable,
+    PayloadTampered,
     ReplayDiverged,
     ServiceUnavailable,
     StepLimitReached,
@@ -19,15 +21,17 @@ from .errors import (
     TurnFailed,
     TurnNotFound,
 )
-from .journal import Step, Turn, TurnStatus
+from .journal import KeyProvider, Step, Turn, TurnStatus
 from .operate.live import TurnEvent
 from .ops import (
     approve,
+    audit_trail,
     cancel_turn,
     deny,
     list_approvals,
     list_uncertain,
     prune,
+    rekey,
     resolve_uncertain,
 )
 from .runtime import Runtime, runtime_for
@@ -43,9 +47,12 @@ __all__ = [
     "ConfigurationError",
     "DurableAgentError",
     "InvalidArgument",
+    "KeyProvider",
+    "KeyUnavailable",
     "LeaseLost",
     "Loop",
     "ModelUnavailable",
+    "PayloadTampered",
     "ReplayDiverged",
     "Runtime",
     "ServiceUnavailable",
@@ -62,6 +69,7 @@ __all__ = [
     "TurnStatus",
     "agent_turn",
     "approve",
+    "audit_trail",
     "cancel_turn",
     "current_call",
     "deny",
@@ -69,6 +77,7 @@ __all__ = [
     "list_approvals",
     "list_uncertain",
     "prune",
+    "rekey",
     "resolve_uncertain",
     "run_turn",
     "runtime_for",

@@ -115,6 +115,7 @@ def start_in_transaction(
         agent=name,
         concurrency_key=concurrency_key,
         trace_context=trace,
+        sealer=runtime.database.sealer,
     )
     if turn.status in (TurnStatus.QUEUED, TurnStatus.RUNNING):
         ring = Doorbell(runtime, turn.session_id, turn.turn_id, turn.queue, trace or "")

@@ -5,7 +5,9 @@ The tree is shallow on purpose::
     DurableAgentError
     ├── InvalidArgument           a call was given a bad value (an id, a message, a timeout)
     ├── ConfigurationError        a setting, URL or tools module is wrong (fix the config)
-    │   └── ToolDefinitionError   a @tool is declared wrongly (fails at import)
+    │   ├── ToolDefinitionError   a @tool is declared wrongly (fails at import)
+    │   └── KeyUnavailable        a payload is sealed with a key the keyring does not hold
+    ├── PayloadTampered           a sealed payload does not open: altered, or moved from its row
     ├── ServiceUnavailable        Postgres or the broker cannot be reached (retryable)
     ├── TurnNotFound              no turn has that id
     ├── TurnFailed                the turn ended as failed; ``reason`` says why
@@ -39,6 +41,16 @@ class ConfigurationError(DurableAgentError):
 
 class ToolDefinitionError(ConfigurationError):
     """A tool is declared wrongly: missing or unknown label, duplicate name, bad signature."""
+
+
+class KeyUnavailable(ConfigurationError):
+    """A payload is sealed with a key that is unknown or retired; the message names the key
+    id and the row. Give the key back (``DURABLE_AGENT_KEYS``, the key provider)."""
+
+
+class PayloadTampered(DurableAgentError):
+    """A sealed payload does not open under its key: it was altered, or copied from another
+    row (its associated data binds it to its turn, step and field). Never read as garbage."""
 
 
 class ServiceUnavailable(DurableAgentError):

@@ -1,16 +1,17 @@
 """What an operator calls: cancel a turn, prune old ones, the uncertain-effects inbox and
-approvals. The same as the command line (``durable-agent cancel / prune / uncertain /
-resolve / approvals / approve / deny``), on the runtime of the settings given (the
-environment's when none). ``by`` says who acts (default ``user@host``); every decision is
-recorded with it and the time.
+approvals, rekey and the audit trail. The same as the command line (``durable-agent cancel /
+prune / uncertain / resolve / approvals / approve / deny / rekey / audit``), on the runtime
+of the settings given (the environment's when none). ``by`` says who acts (default
+``user@host``); every action is recorded with it and the time in the audit trail (as taken
+through ``python``).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from .journal import Approval, PruneCount
-from .operate import approvals, retention, uncertain
+from .journal import Approval, AuditEntry, PruneCount, RekeyCount
+from .operate import approvals, protection, retention, uncertain
 from .operate import cancel as control
 from .operate.cancel import CancelResult
 from .operate.uncertain import UncertainEffect, Verdict
@@ -44,13 +45,14 @@ def prune(
     *,
     dry_run: bool = False,
     batch: int = 500,
+    by: str | None = None,
     settings: Settings | None = None,
 ) -> PruneCount:
     """Delete finished turns that ended longer ago than ``older_than`` (seconds, or an age
     such as ``"30d"``), with their journal and the blobs nothing refers to any more; keeps
     turns with unresolved uncertain effects and sessions that still have an open turn."""
     store = runtime_for(settings).operator_store
-    return retention.prune(store, older_than, dry_run=dry_run, batch=batch)
+    return retention.prune(store, older_than, dry_run=dry_run, batch=batch, by=by)
 
 
 def list_uncertain(
@@ -140,3 +142,26 @@ def deny(
     return approvals.deny(
         runtime.operator_store, runtime.get_turn, runtime.enqueue, turn_id, step, reason, by=by
     )
+
+
+def rekey(
+    *, batch: int = 500, by: str | None = None, settings: Settings | None = None
+) -> RekeyCount:
+    """Seal every payload not yet under the newest key (``DURABLE_AGENT_KEYS``' first) with
+    it, in batches, while turns run; clear rows written before a key was configured too."""
+    runtime = runtime_for(settings)
+    return protection.rekey_payloads(runtime.database, runtime.operator_store, batch=batch, by=by)
+
+
+def audit_trail(
+    *,
+    turn_id: str | None = None,
+    action: str | None = None,
+    since: datetime | None = None,
+    limit: int = 100,
+    settings: Settings | None = None,
+) -> list[AuditEntry]:
+    """The operators' actions, newest first: who, when, what, through which interface, the
+    state before and after."""
+    store = runtime_for(settings).operator_store
+    return protection.audit_entries(store, turn_id=turn_id, action=action, since=since, limit=limit)

@@ -102,7 +102,8 @@ class Runtime(LiveReads, TelemetryParts):
 
     @property
     def database(self) -> Database:
-        return self._part("database", lambda: Database(self.settings.database_url))
+        url, sealer = self.settings.database_url, self.settings.sealer
+        return self._part("database", lambda: Database(url, sealer=sealer()))
 
     @property
     def journal(self) -> JournalStore:

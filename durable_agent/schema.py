@@ -308,6 +308,34 @@ uncertain_notices = Table(
     ),
 )
 
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("audit_id", BigInteger, Identity(always=True), primary_key=True),
+    _timestamp("at", nullable=False, now=True),
+    _text("actor", nullable=False),
+    _text("action", nullable=False),
+    _text("interface", nullable=False),
+    _text("turn_id"),
+    Column("step", Integer, nullable=True),
+    Column("before", JSONB, nullable=True),
+    Column("after", JSONB, nullable=True),
+    CheckConstraint(
+        "action IN ('approve', 'deny', 'resolve', 'cancel', 'prune', 'rekey', 'agent_changed')",
+        name="audit_log_action_check",
+    ),
+    CheckConstraint(
+        "interface IN ('cli', 'python', 'console', 'worker')", name="audit_log_interface_check"
+    ),
+)
+Index("audit_log_at_idx", audit_log.c.at)
+Index(
+    "audit_log_turn_idx",
+    audit_log.c.turn_id,
+    audit_log.c.audit_id,
+    postgresql_where=text("turn_id IS NOT NULL"),
+)
+
 schema_version = Table(
     "schema_version",
     metadata,

@@ -15,9 +15,9 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import ConfigurationError
-from .inputs import Limit, parse_limits
-from .journal import Price, parse_prices
+from .journal import Price, Sealer, StaticKeys, parse_prices, sealer_for
 from .redact import remember_secrets, url_password
+from .settings_calls import CallSettings
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful assistant that uses tools to act for the user. "
@@ -26,7 +26,7 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
-class Settings(BaseSettings):
+class Settings(CallSettings, BaseSettings):
     """Everything a process of durable-agent needs to know; pass it explicitly."""
 
     model_config = SettingsConfigDict(env_prefix="DURABLE_AGENT_", extra="ignore", frozen=True)
@@ -91,61 +91,6 @@ class Settings(BaseSettings):
     )
     model_max_retries: int = Field(
         default=4, ge=0, le=50, description="SDK retries of 429, 5xx and timeouts"
-    )
-
-    stream: bool = Field(
-        default=True,
-        description="the built-in loops stream the model's answers (their text reaches "
-        "stream_turn(tokens=True) as it is written; the journal records the finished answer)",
-    )
-    token_stream_url: str = Field(
-        default="",
-        description="the Redis of streamed answers' tokens ('': the broker's, if it is Redis)",
-    )
-    token_stream_maxlen: int = Field(
-        default=20_000,
-        ge=100,
-        le=10_000_000,
-        description="the most entries kept in one turn's token stream (older ones are trimmed)",
-    )
-    token_stream_ttl_seconds: int = Field(
-        default=3600,
-        ge=10,
-        le=30 * 86_400,
-        description="how long a turn's token stream is kept after its last token",
-    )
-
-    model_limits: str = Field(
-        default="",
-        description="budgets all workers share, per model (and API key): MODEL=rpm:N/tpm:N, "
-        "comma-separated, e.g. 'gpt-4o-mini=rpm:500/tpm:200000' (a call waits for room "
-        "without holding a worker)",
-    )
-    budget_url: str = Field(
-        default="",
-        description="the Redis that holds the budgets ('': the broker's, if it is Redis)",
-    )
-    budget_burst_seconds: float = Field(
-        default=6.0,
-        gt=0,
-        le=30,
-        allow_inf_nan=False,
-        description="how many seconds of a budget may be spent at once (its bucket's size; "
-        "the bucket refills at the limit less this share, so no minute passes the limit)",
-    )
-    budget_completion_tokens: int = Field(
-        default=256,
-        ge=1,
-        le=1_000_000,
-        description="tokens reserved for the answer of a call without max_tokens (settled after)",
-    )
-
-    concurrency_per_key: int = Field(
-        default=0,
-        ge=0,
-        le=100_000,
-        description="the most turns of one concurrency key (start_turn(concurrency_key=...)) "
-        "running at once across the fleet; the others wait, in order (0: no limit)",
     )
 
     lease_seconds: float = Field(
@@ -272,6 +217,31 @@ class Settings(BaseSettings):
         "characters; never shown); actions taken with it are recorded as by 'token'",
     )
 
+    keys: str = Field(
+        default="",
+        repr=False,
+        description="keys that seal payloads at rest (AES-256-GCM): KEY_ID:BASE64_OF_32_BYTES, "
+        "comma-separated, newest first; new writes use the first, reads any (never shown)",
+    )
+    key_provider: str = Field(
+        default="",
+        description="module:callable giving a KeyProvider (a KMS, a vault) instead of "
+        "DURABLE_AGENT_KEYS",
+    )
+
+    @field_validator("keys")
+    @classmethod
+    def _keys(cls, value: str) -> str:
+        try:
+            StaticKeys.parse(value)
+        except ConfigurationError as error:
+            raise ValueError(str(error).removeprefix("DURABLE_AGENT_KEYS: ")) from None
+        return value
+
+    def sealer(self) -> Sealer:
+        """What seals and opens payloads (seals nothing when no key is configured)."""
+        return sealer_for(self.keys, self.key_provider)
+
     @field_validator("console_auth")
     @classmethod
     def _logins(cls, value: str) -> str:
@@ -298,7 +268,7 @@ class Settings(BaseSettings):
 
     def secrets(self) -> list[str | None]:
         """The configured credentials: the API key, the database and broker passwords, the
-        console's passwords and token."""
+        console's passwords and token, the encryption keys."""
         return [
             self.openai_api_key,
             url_password(self.database_url),
@@ -307,6 +277,7 @@ class Settings(BaseSettings):
             url_password(self.budget_url) if self.budget_url else None,
             *self.console_logins.values(),
             self.console_token or None,
+            *(key.partition(":")[2].strip() for key in self.keys.split(",")),
         ]
 
     @field_validator("database_url")
@@ -334,7 +305,7 @@ class Settings(BaseSettings):
     def _broker_if_redis(self) -> str:
         return self.broker_url if self.broker_url.startswith(("redis://", "rediss://")) else ""
 
-    @field_validator("result_backend", "token_stream_url", "budget_url")
+    @field_validator("result_backend")
     @classmethod
     def _result_backend_is_redis(cls, url: str) -> str:
         if url:
@@ -386,16 +357,6 @@ class Settings(BaseSettings):
     def _prices(cls, value: str) -> str:
         parse_prices(value)
         return value
-
-    @field_validator("model_limits")
-    @classmethod
-    def _limits(cls, value: str) -> str:
-        parse_limits(value)
-        return value
-
-    @property
-    def limits(self) -> dict[str, Limit]:
-        return parse_limits(self.model_limits)
 
     @property
     def budgets_url(self) -> str:

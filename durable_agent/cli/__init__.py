@@ -22,11 +22,12 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ..errors import ConfigurationError, DurableAgentError, InvalidArgument, TurnNotFound
+from ..journal import set_interface
 from ..redact import escape_log_lines
 from ..runtime import Runtime
 from ..settings import load_settings
 from ..usage import OneLineParser
-from . import metrics, operator, service, turns
+from . import metrics, operator, protect, service, turns
 from .arguments import whole_number
 from .exits import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_USAGE, error_line
 
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     metrics.register(add, whole_number(1, 65_535, "a port"))  # metrics
 
     operator.register(add)  # cancel, prune, uncertain, resolve, approvals, approve, deny
+    protect.register(add)  # rekey, audit, roles, keygen
     add("eval", cmd_evals, "the evals of the pattern: crash-matrix, heed-note, two-workers, replay")
     add("demo", cmd_evals, "run a turn, kill its worker mid-way, watch another worker finish it")
     add(
@@ -145,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     escape_log_lines(logging.getLogger().handlers)
     runtime: Runtime | None = None
+    set_interface("cli")  # what an operator does from here is audited as through the CLI
     try:
         runtime = Runtime(load_settings())
         code: int = args.func(runtime, args)

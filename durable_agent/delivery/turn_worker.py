@@ -215,6 +215,15 @@ class TurnWorker:
                 changed,
             )
         self.store.record_turn_agent(turn.turn_id, claim.epoch, digest, agent.spec(), changed)
+        if changed is not None:
+            self.operator_store.audit(
+                "agent_changed",
+                claim.owner,
+                turn_id=turn.turn_id,
+                before={"agent": agent.name, "digest": turn.agent_digest},
+                after={"agent": agent.name, "digest": digest, "changes": changed},
+                interface="worker",
+            )
 
     def _run(self, claim: Claim, agent: BoundAgent) -> Delivery:
         turn = claim.turn

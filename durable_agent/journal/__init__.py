@@ -8,6 +8,7 @@ resolutions, pruning), announcements (``notify``), fleet-wide passes under an ad
 above import what they need from here, not from the submodules.
 """
 
+from .audit import AuditEntry, acting_through, current_interface, set_interface
 from .codec import MAX_DEPTH, ListDigest, digest, dumps, jsonb_order, storable
 from .db import Database, Row, conninfo_for, describe_url, on_connection
 from .holders import holder_is_dead, worker_identity
@@ -39,18 +40,38 @@ from .records import (
     TurnStatus,
     WorkerSeen,
 )
+from .rekey import RekeyCount, rekey
+from .roles import DEFAULT_PREFIX, KINDS, RoleNames, create_roles, role_names, roles_sql
+from .sealing import (
+    MARK,
+    NO_SEALING,
+    SEALED_KEY,
+    KeyProvider,
+    Sealer,
+    StaticKeys,
+    Where,
+    new_key,
+    sealer_for,
+)
 from .store import ClaimedJournal, JournalStore
 
 __all__ = [
+    "DEFAULT_PREFIX",
+    "KINDS",
+    "MARK",
     "MAX_DEPTH",
+    "NO_SEALING",
+    "SEALED_KEY",
     "AgentSeen",
     "Approval",
+    "AuditEntry",
     "Cancellation",
     "Claim",
     "ClaimedJournal",
     "Database",
     "Ended",
     "JournalStore",
+    "KeyProvider",
     "Kind",
     "Leases",
     "ListDigest",
@@ -60,9 +81,13 @@ __all__ = [
     "PruneCount",
     "Query",
     "Refusal",
+    "RekeyCount",
     "Replay",
+    "RoleNames",
     "Row",
+    "Sealer",
     "Spend",
+    "StaticKeys",
     "Step",
     "StepStatus",
     "Tokens",
@@ -70,10 +95,14 @@ __all__ = [
     "TurnFilter",
     "TurnJournal",
     "TurnStatus",
+    "Where",
     "WorkerSeen",
+    "acting_through",
     "announce",
     "apply_missing",
     "conninfo_for",
+    "create_roles",
+    "current_interface",
     "current_version",
     "describe_url",
     "digest",
@@ -83,11 +112,17 @@ __all__ = [
     "latest_version",
     "listen",
     "migrate",
+    "new_key",
     "on_connection",
     "parse_prices",
     "parse_queries",
     "record_turn",
+    "rekey",
     "require_current",
+    "role_names",
+    "roles_sql",
+    "sealer_for",
+    "set_interface",
     "storable",
     "worker_identity",
 ]

@@ -12,6 +12,9 @@ alone (psycopg never closes a connection another process opened).
 Driver errors that mean "cannot reach Postgres" become
 :class:`~durable_agent.errors.ServiceUnavailable`; a connection found dead is replaced and its
 statement sent once more.
+
+Every row passes through the process's :class:`~.sealing.Sealer` on its way out: sealed
+payload columns are opened here, the one place reads go through.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import args_row, dict_row
+from psycopg.rows import dict_row, tuple_row
+from psycopg.types.json import JsonbLoader
 
 from ..errors import ConfigurationError, InvalidArgument, ServiceUnavailable
 from .queries import Query, query
+from .sealing import NO_SEALING, Sealer, load_jsonb
 
 Row = dict[str, Any]
 T = TypeVar("T")
@@ -107,13 +112,20 @@ class _Connected:
     Rows are dicts whatever the connection's row factory is.
     """
 
-    def __init__(self, conn: psycopg.Connection[Any], *, prepare: bool | None = True) -> None:
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        prepare: bool | None = True,
+        sealer: Sealer = NO_SEALING,
+    ) -> None:
         self.conn = conn
         self.prepare = prepare
+        self.sealer = sealer
 
     def run(self, name: str, /, **params: Any) -> list[Row]:
         """Every row the query returns ([] for a statement that returns none)."""
-        return _run(self.conn, query(name), params, prepare=self.prepare)
+        return _run(self.conn, query(name), params, prepare=self.prepare, sealer=self.sealer)
 
     def one(self, name: str, /, **params: Any) -> Row | None:
         rows = self.run(name, **params)
@@ -128,9 +140,9 @@ class _Connected:
         self.conn.execute(sql.encode(), prepare=False)
 
 
-def on_connection(conn: psycopg.Connection[Any]) -> _Connected:
+def on_connection(conn: psycopg.Connection[Any], sealer: Sealer = NO_SEALING) -> _Connected:
     """Named queries on a connection the application lends us, in its transaction."""
-    return _Connected(conn, prepare=None)
+    return _Connected(conn, prepare=None, sealer=sealer)
 
 
 def _run(
@@ -140,14 +152,15 @@ def _run(
     make: Callable[..., Any] | None = None,
     *,
     prepare: bool | None = True,
+    sealer: Sealer = NO_SEALING,
 ) -> list[Any]:
     if params.keys() != q.parameters:
         raise TypeError(f"query {q.name} takes {sorted(q.parameters)}, got {sorted(params)}")
     try:
         if make is None:
             cursor: psycopg.Cursor[Any] = conn.cursor(row_factory=dict_row)
-        else:  # each row straight into make(*columns): no dict per row
-            cursor = conn.cursor(row_factory=args_row(make))
+        else:  # each row into make(*columns): no dict per row
+            cursor = conn.cursor(row_factory=tuple_row)
         cursor.execute(q.sql, params, prepare=prepare)
     except (psycopg.DataError, psycopg.errors.ProgramLimitExceeded, UnicodeEncodeError) as error:
         # a value Postgres cannot take (too long for an index, not encodable...): the
@@ -155,14 +168,31 @@ def _run(
         raise InvalidArgument(
             f"Postgres refused a value in {q.name}: {_first_line(error)}"
         ) from error
-    return cursor.fetchall() if cursor.description else []
+    if not cursor.description:
+        return []
+    rows: list[Any] = cursor.fetchall()
+    names = [column.name for column in cursor.description]
+    if make is None:
+        sealer.open_rows(q.name, names, rows)
+        return rows
+    sealer.open_rows(q.name, names, rows)
+    return [make(*row) for row in rows]
+
+
+class _JsonbLoader(JsonbLoader):
+    """jsonb, with a sealed value read as its token (:func:`~.sealing.load_jsonb`)."""
+
+    _loads = staticmethod(load_jsonb)
 
 
 class Database:
     """The process's connections to one Postgres database."""
 
-    def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
+    def __init__(
+        self, url: str, *, connect_timeout: float = 5.0, sealer: Sealer = NO_SEALING
+    ) -> None:
         self.url = url
+        self.sealer = sealer
         self.conninfo = conninfo_for(url)
         self.connect_timeout = connect_timeout
         self._conn: psycopg.Connection[Row] | None = None
@@ -174,6 +204,12 @@ class Database:
     # -- connections ----------------------------------------------------------------------
 
     def _connect(self) -> psycopg.Connection[Row]:
+        conn = self._open_connection()
+        # a sealed jsonb value is read as its token, not parsed (opened in _run)
+        conn.adapters.register_loader("jsonb", _JsonbLoader)
+        return conn
+
+    def _open_connection(self) -> psycopg.Connection[Row]:
         try:
             return psycopg.connect(
                 self.conninfo,
@@ -223,7 +259,7 @@ class Database:
                     self._conn = self._connect()
                 conn = self._conn
                 try:
-                    return _run(conn, q, params, make)
+                    return _run(conn, q, params, make, sealer=self.sealer)
                 except psycopg.OperationalError as error:
                     translated = translate(error, self.url)
                     if conn.broken or isinstance(translated, ServiceUnavailable):
@@ -252,7 +288,7 @@ class Database:
             conn = self._live_tx_connection()
             try:
                 with conn.transaction():
-                    yield _Connected(conn)
+                    yield _Connected(conn, sealer=self.sealer)
             except psycopg.OperationalError as error:
                 translated = translate(error, self.url)
                 if conn.broken or isinstance(translated, ServiceUnavailable):

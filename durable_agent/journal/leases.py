@@ -19,6 +19,7 @@ from .holders import holder_is_dead, host_token
 from .notify import announce
 from .passes import LockedPass, locked_pass
 from .records import Claim, EncodedOutcome, Ended, Refusal, Turn, TurnStatus
+from .sealing import Where
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ class Leases:
             turn_id=turn_id,
             epoch=epoch,
             status=str(status),
-            reply=reply,
+            reply=None if reply is None else self.db.sealer.text(reply, Where(turn_id, "reply")),
             error=redact(error) if error else None,
             held_step=held.step if held else None,
             held_output=held.output if held else None,

@@ -19,6 +19,7 @@ from psycopg.pq import TransactionStatus
 from ..errors import ConfigurationError, InvalidArgument
 from .db import on_connection
 from .records import Turn
+from .sealing import NO_SEALING, Sealer, Where
 from .turn_ids import new_turn_id, submitted_again
 
 SAVEPOINT = "durable_agent_start_turn"
@@ -55,13 +56,14 @@ def record_turn(
     agent: str = "default",
     concurrency_key: str | None = None,
     trace_context: str | None = None,
+    sealer: Sealer = NO_SEALING,
 ) -> Turn:
     """Record a new turn of ``agent`` at the end of its session in the transaction open on
     ``conn`` (one is begun when the connection is idle and not in autocommit mode, as
     psycopg would for any statement); the existing turn when ``turn_id`` names the same turn.
     """
     check_lendable(conn)
-    tx = on_connection(conn)
+    tx = on_connection(conn, sealer)
     turn_id = turn_id or new_turn_id()
     for _ in range(_PLACES):
         conn.execute(f"SAVEPOINT {SAVEPOINT}", prepare=False)
@@ -70,7 +72,7 @@ def record_turn(
                 "create_turn",
                 turn_id=turn_id,
                 session_id=session_id,
-                message=message,
+                message=sealer.text(message, Where(turn_id, "message")),
                 queue=queue,
                 agent=agent,
                 concurrency_key=concurrency_key,

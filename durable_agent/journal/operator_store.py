@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .codec import dumps
+from .audit import Action, AuditEntry, Interface, audit_params
 from .db import Database, Row
 from .notify import announce
 from .records import Ended, _Row
+from .sealing import Where
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,10 +91,23 @@ class OperatorStore:
     # -- cancel ----------------------------------------------------------------------------
 
     def request_cancel(self, turn_id: str, requested_by: str, reason: str | None) -> bool:
-        """Record the request; False if the turn is not open or was asked before."""
-        row = self.db.one(
-            "request_cancel", turn_id=turn_id, requested_by=requested_by, reason=reason
-        )
+        """Record the request (and in the same transaction its audit entry); False if the
+        turn is not open or was asked before."""
+        with self.db.transaction() as tx:
+            row = tx.one(
+                "request_cancel", turn_id=turn_id, requested_by=requested_by, reason=reason
+            )
+            if row is not None:
+                tx.run(
+                    "record_audit",
+                    **audit_params(
+                        "cancel",
+                        requested_by,
+                        turn_id=turn_id,
+                        before={"cancel_requested": False},
+                        after={"cancel_requested": True, "reason": reason},
+                    ),
+                )
         return row is not None
 
     def find_cancellation(self, turn_id: str) -> Cancellation | None:
@@ -162,16 +176,40 @@ class OperatorStore:
         *,
         replace: bool = False,
     ) -> datetime | None:
-        """When the verdict was recorded; None when the effect had one and not ``replace``."""
-        row = self.db.one(
-            "record_resolution",
-            turn_id=turn_id,
-            step=step,
-            verdict=verdict,
-            note=note,
-            resolved_by=resolved_by,
-            replace=replace,
-        )
+        """When the verdict was recorded (with its audit entry, in one transaction); None
+        when the effect had one and not ``replace``."""
+        with self.db.transaction() as tx:
+            earlier = tx.run(
+                "uncertain_effects",
+                since=None,
+                turn_id=turn_id,
+                step=step,
+                agent=None,
+                include_resolved=True,
+                limit=1,
+            )
+            row = tx.one(
+                "record_resolution",
+                turn_id=turn_id,
+                step=step,
+                verdict=verdict,
+                note=note,
+                resolved_by=resolved_by,
+                replace=replace,
+            )
+            if row is not None:
+                before = earlier[0] if earlier else {}
+                tx.run(
+                    "record_audit",
+                    **audit_params(
+                        "resolve",
+                        resolved_by,
+                        turn_id=turn_id,
+                        step=step,
+                        before={"verdict": before.get("verdict"), "note": before.get("note")},
+                        after={"verdict": verdict, "note": note},
+                    ),
+                )
         if row is None:
             return None
         resolved_at: datetime = row["resolved_at"]
@@ -226,7 +264,7 @@ class OperatorStore:
             epoch=epoch,
             step=step,
             tool=tool,
-            arguments=dumps(arguments),
+            arguments=self.db.sealer.json(arguments, Where(turn_id, "arguments", step)),
             idempotency_key=idempotency_key,
         )
         return row is not None
@@ -234,14 +272,71 @@ class OperatorStore:
     def decide_approval(
         self, turn_id: str, step: int, decision: str, reason: str | None, decided_by: str
     ) -> tuple[str, str, str] | None:
-        """Decide a pending call of a waiting turn; (session_id, turn_id, queue) to send,
-        or None when nothing was pending."""
-        row = self.db.one(
-            "decide_approval",
-            turn_id=turn_id,
-            step=step,
-            decision=decision,
-            reason=reason,
-            decided_by=decided_by,
-        )
+        """Decide a pending call of a waiting turn (with its audit entry, in one
+        transaction); (session_id, turn_id, queue) to send, or None when nothing was
+        pending."""
+        with self.db.transaction() as tx:
+            row = tx.one(
+                "decide_approval",
+                turn_id=turn_id,
+                step=step,
+                decision=decision,
+                reason=reason,
+                decided_by=decided_by,
+            )
+            if row is not None:
+                action: Action = "approve" if decision == "approved" else "deny"
+                tx.run(
+                    "record_audit",
+                    **audit_params(
+                        action,
+                        decided_by,
+                        turn_id=turn_id,
+                        step=step,
+                        before={"decision": None, "turn_status": "waiting"},
+                        after={"decision": decision, "reason": reason, "turn_status": "queued"},
+                    ),
+                )
         return (row["session_id"], row["turn_id"], row["queue"]) if row else None
+
+    # -- the audit trail ---------------------------------------------------------------------
+
+    def audit(
+        self,
+        action: Action,
+        actor: str,
+        *,
+        turn_id: str | None = None,
+        step: int | None = None,
+        before: Any = None,
+        after: Any = None,
+        interface: Interface | None = None,
+    ) -> None:
+        """Append one entry to the audit trail (an action of its own statement: prune,
+        rekey, a changed agent)."""
+        self.db.run(
+            "record_audit",
+            **audit_params(
+                action,
+                actor,
+                turn_id=turn_id,
+                step=step,
+                before=before,
+                after=after,
+                interface=interface,
+            ),
+        )
+
+    def audit_entries(
+        self,
+        *,
+        turn_id: str | None = None,
+        action: str | None = None,
+        since: datetime | None = None,
+        limit: int = 100,
+    ) -> list[AuditEntry]:
+        """The audit trail, newest first."""
+        rows = self.db.run(
+            "audit_entries", turn_id=turn_id, action=action, since=since, limit=limit
+        )
+        return [AuditEntry.from_row(row) for row in rows]

@@ -4,6 +4,7 @@
   ``-- name: <name>``; parameters are written ``:name``.
 * ``sql/schema.sql``: the whole schema at its latest version, to read.
 * ``sql/migrations/NNNN_<name>.sql``: the versioned steps that build it.
+* ``sql/roles.sql``: the three roles and their grants (``durable-agent roles``).
 """
 
 from __future__ import annotations
@@ -96,3 +97,9 @@ def migrations() -> tuple[Migration, ...]:
 def schema() -> str:
     """The whole schema at the latest version (``sql/schema.sql``)."""
     return _sql_folder().joinpath("schema.sql").read_text()
+
+
+def roles_template() -> str:
+    """The roles and their grants, with ``{application}``, ``{worker}``, ``{operator}``,
+    ``{schema}`` and ``{database}`` to fill in (``sql/roles.sql``)."""
+    return _sql_folder().joinpath("roles.sql").read_text()

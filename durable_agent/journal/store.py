@@ -15,13 +15,14 @@ from typing import Any
 import psycopg
 
 from ..errors import LeaseLost, ServiceUnavailable, TurnCancelled, TurnNotFound
-from .codec import digest, dumps
+from .codec import dumps
 from .db import Database
 from .listings import Listings
 from .notify import announce
 from .observed import Observed
 from .operator_store import OperatorStore
 from .records import EncodedOutcome, Kind, Replay, Step, Turn
+from .sealing import Where
 from .turn_ids import new_turn_id, submitted_again
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class JournalStore(Listings, Observed):
                     "create_turn",
                     turn_id=turn_id,
                     session_id=session_id,
-                    message=message,
+                    message=self.db.sealer.text(message, Where(turn_id, "message")),
                     queue=queue,
                     agent=agent,
                     concurrency_key=concurrency_key,
@@ -204,16 +205,18 @@ class JournalStore(Listings, Observed):
             turn_id, epoch, step, kind, name, input, replay, "done", output, before, told
         )
 
-    def encode_outcome(self, step: int, output: Any) -> EncodedOutcome:
-        """The outcome as it will be written (a large one is put into blobs now)."""
-        stored, blob = self._store_payload(output)
+    def encode_outcome(self, turn_id: str, step: int, output: Any) -> EncodedOutcome:
+        """The outcome as it will be written (sealed when a key is configured; a large one
+        is put into blobs now)."""
+        stored, blob = self._store_payload(turn_id, step, output)
         return EncodedOutcome(step, stored, blob)
 
     def record_outcome(
         self, turn_id: str, epoch: int, step: int, output: Any, *, durable: bool = True
     ) -> None:
         """Mark an intent done with its outcome (``durable``: wait for the WAL flush)."""
-        self.write_outcome(turn_id, epoch, self.encode_outcome(step, output), durable=durable)
+        outcome = self.encode_outcome(turn_id, step, output)
+        self.write_outcome(turn_id, epoch, outcome, durable=durable)
 
     def write_outcome(
         self,
@@ -266,7 +269,9 @@ class JournalStore(Listings, Observed):
         before: EncodedOutcome | None,
         told: int | None,
     ) -> None:
-        stored, blob = self._store_payload(output) if status == "done" else (None, None)
+        stored, blob = (
+            self._store_payload(turn_id, step, output) if status == "done" else (None, None)
+        )
         # the intent of a never tool is on disk before the call runs (see queries.sql)
         durable = status == "intent" and replay == "never"
         if told is not None and durable:  # no NOTIFY inside a flushed commit
@@ -278,7 +283,7 @@ class JournalStore(Listings, Observed):
             step=step,
             kind=kind,
             name=name,
-            input=dumps(input),
+            input=self.db.sealer.json(input, Where(turn_id, "input", step)),
             replay=replay,
             status=status,
             output=stored,
@@ -308,15 +313,18 @@ class JournalStore(Listings, Observed):
         if durable and before is not None:
             announce(self.db, f"step {before.step} {turn_id}")
 
-    def _store_payload(self, output: Any) -> tuple[str | None, str | None]:
-        """JSON for the row, or (None, sha256) after moving a large payload into blobs."""
+    def _store_payload(self, turn_id: str, step: int, output: Any) -> tuple[str | None, str | None]:
+        """JSON for the row, or (None, blob id) after moving a large payload into blobs;
+        sealed when a key is configured."""
         if output is None:
             return "null", None
         encoded = dumps(output)
+        sealer = self.db.sealer
         if len(encoded) <= self.blob_threshold:
-            return encoded, None
-        sha = digest(output)
-        self.db.run("put_blob", sha256=sha, data=encoded, size=len(encoded))
+            return sealer.json(output, Where(turn_id, "output", step), encoded), None
+        sha = sealer.blob_id(encoded)
+        data = sealer.json(output, Where(turn_id, "data", blob=sha), encoded)
+        self.db.run("put_blob", sha256=sha, data=data, size=len(encoded))
         return None, sha
 
     def lost(self, turn_id: str, epoch: int, what: str) -> LeaseLost | TurnCancelled:
@@ -427,14 +435,14 @@ class ClaimedJournal:
             self._write_kept(step, output)
             self._untold = step
         else:
-            self._held = self.store.encode_outcome(step, output)
+            self._held = self.store.encode_outcome(self.turn_id, step, output)
 
     def _write_kept(self, step: int, output: Any) -> None:
         """Write a never call's outcome, through a Postgres outage if ``wait_for_postgres``."""
         retried = False
         while True:
             try:
-                outcome = self.store.encode_outcome(step, output)
+                outcome = self.store.encode_outcome(self.turn_id, step, output)
                 self.store.write_outcome(
                     self.turn_id, self.epoch, outcome, durable=True, announce_now=False
                 )

@@ -15,6 +15,7 @@ import re
 from ..errors import InvalidArgument
 from ..inputs import check_count
 from ..journal import OperatorStore, PruneCount
+from .cancel import check_by
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ def prune(
     dry_run: bool = False,
     batch: int = 500,
     blob_grace_seconds: float = BLOB_GRACE_SECONDS,
+    by: str | None = None,
 ) -> PruneCount:
     """Delete finished turns that ended more than ``older_than`` ago (seconds, or an age such
     as ``"30d"``; see the module docstring); with ``dry_run``, only count them."""
@@ -52,6 +54,7 @@ def prune(
     if not 0 < older_than_seconds < float("inf"):
         raise InvalidArgument("older_than_seconds must be more than 0")
     check_count("batch", batch, 10_000)
+    who = check_by(by)
     preview = store.prune_preview(older_than_seconds)
     if dry_run:
         return preview
@@ -67,6 +70,12 @@ def prune(
         if deleted < batch:
             break
     log.info("pruned %d turns, %d steps, %d blobs", turns, steps, blobs)
+    store.audit(
+        "prune",
+        who,
+        before={"older_than_seconds": older_than_seconds, "prunable_turns": preview.turns},
+        after={"turns": turns, "steps": steps, "blobs": blobs, "kept": preview.kept},
+    )
     return PruneCount(
         turns=turns,
         steps=steps,

@@ -18,6 +18,7 @@ from starlette.responses import RedirectResponse, Response
 from .. import ops
 from ..errors import InvalidArgument
 from ..inputs import check_id
+from ..journal import acting_through
 from ..operate.uncertain import VERDICTS
 from ..runtime import Runtime
 from .app_errors import render_error
@@ -61,8 +62,18 @@ async def _act(request: Request, action: Callable[[Runtime, Identity, FormData],
         return checked
     identity, form = checked
     runtime: Runtime = request.app.state.runtime
-    notice = await run_in_threadpool(action, runtime, identity, form)
+    notice = await run_in_threadpool(_through_console, action, runtime, identity, form)
     return _back(request, form, notice)
+
+
+def _through_console(
+    action: Callable[[Runtime, Identity, FormData], str],
+    runtime: Runtime,
+    identity: Identity,
+    form: FormData,
+) -> str:
+    with acting_through("console"):  # the audit trail records the interface
+        return action(runtime, identity, form)
 
 
 def _target(request: Request) -> tuple[str, int]:

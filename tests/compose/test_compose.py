@@ -8,11 +8,14 @@ provides on these machines. The stack is torn down (``down -v``) even when a che
 What it shows: the demo profile runs a real turn with no API key; Flower refuses a request
 without credentials and lists the three workers with them; a worker container SIGKILLed
 while its turn waits for the model is not waited for beyond its lease: another worker
-finishes the turn, and one email arrives.
+finishes the turn, and one email arrives. Each service connects under its own role, the
+application's role cannot write the journal, and with a key in .env the tables hold no
+message, reply or argument in clear.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
 import shutil
@@ -31,6 +34,8 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+ROLES = ("application", "worker", "operator")
+KEY = base64.b64encode(secrets.token_bytes(32)).decode()
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(900)]
 
 
@@ -50,6 +55,7 @@ class Stack:
     console_auth: str
     prometheus_port: int
     postgres_password: str
+    role_passwords: dict[str, str]
 
     def compose(self, *args: str, timeout: float = 600, check: bool = True) -> str:
         command = [
@@ -74,10 +80,23 @@ class Stack:
             raise AssertionError(f"{' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
         return result.stdout
 
-    def sql(self, query: str) -> str:
+    def sql(self, query: str, user: str = "durable_agent", check: bool = True) -> str:
         return self.compose(
-            "exec", "-T", "db", "psql", "-U", "durable_agent", "-d", "durable_agent", "-tAc", query
-        ).strip()
+            "exec", "-T", "db", "psql", "-U", user, "-d", "durable_agent", "-tAc", query,
+            check=check,
+        ).strip()  # fmt: skip
+
+    def psql_error(self, query: str, user: str) -> str:
+        """What psql says to ``query`` run as ``user`` (stderr; "" when it succeeded)."""
+        result = subprocess.run(
+            [
+                "docker", "compose", "--project-directory", str(ROOT), "-p", self.project,
+                "--env-file", str(self.env_file), "--profile", "demo",
+                "exec", "-T", "db", "psql", "-U", user, "-d", "durable_agent", "-tAc", query,
+            ],
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        return result.stderr if result.returncode else ""
 
     def port(self, service: str, port: int) -> int:
         return int(self.compose("port", service, str(port)).strip().rsplit(":", 1)[1])
@@ -154,11 +173,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         console_auth=f"ops:{secrets.token_urlsafe(12)}",
         prometheus_port=_free_port(),
         postgres_password=secrets.token_urlsafe(16),
+        role_passwords={kind: secrets.token_urlsafe(16) for kind in ROLES},
     )
     stack.env_file.write_text(
         "\n".join(
             [
                 f"POSTGRES_PASSWORD={stack.postgres_password}",
+                *(f"{kind.upper()}_DB_PASSWORD={p}" for kind, p in stack.role_passwords.items()),
+                f"DURABLE_AGENT_KEYS=k1:{KEY}",
                 f"FLOWER_BASIC_AUTH={stack.flower_auth}",
                 f"FLOWER_PORT={stack.flower_port}",
                 f"CONSOLE_AUTH={stack.console_auth}",
@@ -265,10 +287,47 @@ def test_a_killed_worker_container_does_not_stop_its_turn(stack: Stack) -> None:
         "the turn to finish on another worker",
     )
     assert status
-    reply = stack.sql(f"SELECT reply FROM turns WHERE turn_id = '{turn_id}'")
+    survivor = next(c for c in stack.worker_containers().values() if c != victim)
+    reply = subprocess.run(  # read through a worker container: the reply is sealed in the table
+        ["docker", "exec", survivor, "durable-agent", "wait", turn_id, "--timeout", "5"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.strip()  # fmt: skip
     # another owner took the claim over after the lease: one crash, two attempts
     claims = stack.sql(f"SELECT crashes || '/' || attempts FROM turns WHERE turn_id = '{turn_id}'")
     _, emails = stack.http("GET", f"{inbox}/messages?to={address}")
     assert reply == f"Done: the note 'launch' was sent to {address}.", reply
     assert claims == "1/2", claims
     assert len(emails) == 1, emails
+
+
+def test_each_service_connects_under_its_own_role(stack: Stack) -> None:
+    _wait(lambda: stack.page(f"http://127.0.0.1:{stack.console_port}/")[0], 60, "the console")
+    stack.page(f"http://127.0.0.1:{stack.console_port}/", stack.console_auth)
+    users = set(
+        stack.sql(
+            "SELECT DISTINCT usename FROM pg_stat_activity WHERE datname = 'durable_agent'"
+        ).split()
+    )
+    assert {"durable_agent_worker", "durable_agent_operator"} <= users, users
+    app = "durable_agent_application"
+    for query in (
+        "INSERT INTO journal (turn_id, step, kind, name, input, status, epoch) "
+        "SELECT turn_id, 99, 'tool', 'x', '{}', 'done', 1 FROM turns LIMIT 1",
+        "UPDATE turns SET status = 'running', lease_epoch = lease_epoch + 1",
+        "UPDATE approvals SET decision = 'approved'",
+        "DELETE FROM audit_log",
+    ):
+        assert "permission denied" in stack.psql_error(query, app), query
+    assert stack.psql_error("DELETE FROM audit_log", "durable_agent_worker")
+
+
+def test_the_tables_hold_no_payload_in_clear(stack: Stack) -> None:
+    _wait(
+        lambda: stack.sql("SELECT count(*) FROM turns WHERE status = 'done'") != "0", 180, "a turn"
+    )
+    dump = stack.sql(
+        "SELECT string_agg(t::text, ' ') FROM turns AS t UNION ALL "
+        "SELECT string_agg(j::text, ' ') FROM journal AS j"
+    )
+    assert "ada@example.com" not in dump and "launch" not in dump
+    assert "send_email" in dump and "k1:" in dump

@@ -55,6 +55,7 @@ def test_migrate_on_empty_database_applies_0001_and_records_it(empty_db: Databas
         "approvals",
         "resolutions",
         "uncertain_notices",
+        "audit_log",
     }
     require_current(empty_db)  # does not raise
 
@@ -150,6 +151,7 @@ def test_migrations_build_exactly_schema_sql(
         "approvals",
         "resolutions",
         "uncertain_notices",
+        "audit_log",
     }
 
 

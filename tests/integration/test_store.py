@@ -101,9 +101,9 @@ def test_load_journal_is_one_query_in_step_order(
     statements: list[str] = []
     real_run = db_module._run
 
-    def count(conn: Any, query: Any, params: Any, make: Any = None) -> Any:
+    def count(conn: Any, query: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
         statements.append(query.name)
-        return real_run(conn, query, params, make)
+        return real_run(conn, query, params, *args, **kwargs)
 
     monkeypatch.setattr(db_module, "_run", count)
     steps = store.load_journal(turn.turn_id)
@@ -235,9 +235,9 @@ def test_a_model_or_safe_outcome_goes_with_the_next_write_and_a_never_outcome_at
     statements: list[str] = []
     real_run = db_module._run
 
-    def count(conn: Any, query: Any, params: Any, make: Any = None) -> Any:
+    def count(conn: Any, query: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
         statements.append(query.name)
-        return real_run(conn, query, params, make)
+        return real_run(conn, query, params, *args, **kwargs)
 
     monkeypatch.setattr(db_module, "_run", count)
     journal.insert_intent(0, "model", "llm", {}, "safe")

@@ -498,9 +498,9 @@ def test_a_five_call_turn_is_eight_journal_statements(
     statements: list[str] = []
     real_run = db_module._run
 
-    def count(conn: Any, query: Any, params: Any, make: Any = None) -> Any:
+    def count(conn: Any, query: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
         statements.append(query.name)
-        return real_run(conn, query, params, make)
+        return real_run(conn, query, params, *args, **kwargs)
 
     monkeypatch.setattr(db_module, "_run", count)
     delivery = worker.handle(turn.turn_id)

@@ -24,7 +24,7 @@ class FlakyStore:
     def insert_intent(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    def encode_outcome(self, step: int, output: Any) -> EncodedOutcome:
+    def encode_outcome(self, turn_id: str, step: int, output: Any) -> EncodedOutcome:
         return EncodedOutcome(step, output, None)
 
     def write_outcome(self, turn_id: str, epoch: int, outcome: EncodedOutcome, **_: Any) -> None:

@@ -43,7 +43,7 @@ FROM turns WHERE session_id = :session_id ORDER BY seq LIMIT :limit;
 
 -- name: session_history
 -- (user message, reply) of the session's earlier done turns, in order.
-SELECT message, reply FROM turns
+SELECT turn_id, message, reply FROM turns
 WHERE session_id = :session_id AND seq < :seq AND status = 'done'
 ORDER BY seq;
 
@@ -971,3 +971,88 @@ GROUP BY t.agent;
 -- name: metric_queues
 -- The queues turns are sent to (their dead-letter queues are measured on the broker).
 SELECT DISTINCT queue FROM turns WHERE queue <> '';
+
+-- ---------------------------------------------------------------------------------------
+-- the audit trail (appended, never changed) and rekey
+-- ---------------------------------------------------------------------------------------
+
+-- name: record_audit
+-- One operator action (or a turn resumed under a changed agent), appended. No RETURNING:
+-- a worker may append to the trail, not read it.
+INSERT INTO audit_log (at, actor, action, interface, turn_id, step, before, after)
+VALUES (durable_agent_now(), :actor, :action, :interface, :turn_id, :step,
+        CAST(:before AS jsonb), CAST(:after AS jsonb));
+
+-- name: audit_entries
+-- The trail newest first, each filter NULL when not asked for.
+SELECT audit_id, at, actor, action, interface, turn_id, step, before, after
+FROM audit_log
+WHERE (CAST(:turn_id AS text) IS NULL OR turn_id = CAST(:turn_id AS text))
+  AND (CAST(:action AS text) IS NULL OR action = CAST(:action AS text))
+  AND (CAST(:since AS timestamptz) IS NULL OR at >= CAST(:since AS timestamptz))
+ORDER BY audit_id DESC
+LIMIT :limit;
+
+-- name: rekey_turns_page
+-- Turns after :after in id order, their message and reply as stored (aliased: not opened).
+SELECT turn_id, message AS stored_message, reply AS stored_reply FROM turns
+WHERE turn_id > :after ORDER BY turn_id LIMIT :batch;
+
+-- name: rekey_turns
+-- Values sealed again, each replaced only while it is still the one read: a reply recorded
+-- meanwhile (sealed with the newest key already) is left alone.
+UPDATE turns AS t
+SET message = CASE WHEN t.message = n.old_message THEN n.new_message ELSE t.message END,
+    reply = CASE WHEN t.reply IS NOT DISTINCT FROM n.old_reply THEN n.new_reply
+                 ELSE t.reply END
+FROM unnest(CAST(:turn_ids AS text[]), CAST(:old_messages AS text[]),
+            CAST(:new_messages AS text[]), CAST(:old_replies AS text[]),
+            CAST(:new_replies AS text[]))
+     AS n (turn_id, old_message, new_message, old_reply, new_reply)
+WHERE t.turn_id = n.turn_id
+RETURNING t.turn_id;
+
+-- name: rekey_journal_page
+-- Journal rows after (:after_turn, :after_step), their input and output as stored.
+SELECT turn_id, step, input AS stored_input, output AS stored_output FROM journal
+WHERE (turn_id, step) > (:after_turn, :after_step)
+ORDER BY turn_id, step LIMIT :batch;
+
+-- name: rekey_journal
+-- As rekey_turns: an outcome written meanwhile (the intent read had none) is left alone.
+-- The status is not touched: the trigger announces nothing.
+UPDATE journal AS j
+SET input = CASE WHEN j.input = CAST(n.old_input AS jsonb)
+                 THEN CAST(n.new_input AS jsonb) ELSE j.input END,
+    output = CASE WHEN j.output IS NOT DISTINCT FROM CAST(n.old_output AS jsonb)
+                  THEN CAST(n.new_output AS jsonb) ELSE j.output END
+FROM unnest(CAST(:turn_ids AS text[]), CAST(:steps AS integer[]),
+            CAST(:old_inputs AS text[]), CAST(:new_inputs AS text[]),
+            CAST(:old_outputs AS text[]), CAST(:new_outputs AS text[]))
+     AS n (turn_id, step, old_input, new_input, old_output, new_output)
+WHERE j.turn_id = n.turn_id AND j.step = n.step
+RETURNING j.step;
+
+-- name: rekey_approvals_page
+SELECT turn_id, step, arguments AS stored_arguments FROM approvals
+WHERE (turn_id, step) > (:after_turn, :after_step)
+ORDER BY turn_id, step LIMIT :batch;
+
+-- name: rekey_approvals
+UPDATE approvals AS a SET arguments = CAST(n.new_arguments AS jsonb)
+FROM unnest(CAST(:turn_ids AS text[]), CAST(:steps AS integer[]),
+            CAST(:old_arguments AS text[]), CAST(:new_arguments AS text[]))
+     AS n (turn_id, step, old_arguments, new_arguments)
+WHERE a.turn_id = n.turn_id AND a.step = n.step AND a.arguments = CAST(n.old_arguments AS jsonb)
+RETURNING a.step;
+
+-- name: rekey_blobs_page
+SELECT sha256, data AS stored_data FROM blobs
+WHERE sha256 > :after ORDER BY sha256 LIMIT :batch;
+
+-- name: rekey_blobs
+UPDATE blobs AS b SET data = CAST(n.new_data AS jsonb)
+FROM unnest(CAST(:ids AS text[]), CAST(:old_data AS text[]), CAST(:new_data AS text[]))
+     AS n (sha256, old_data, new_data)
+WHERE b.sha256 = n.sha256 AND b.data = CAST(n.old_data AS jsonb)
+RETURNING b.sha256;

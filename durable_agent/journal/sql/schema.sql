@@ -262,6 +262,26 @@ CREATE FUNCTION durable_agent_cancel_note(p_turn_id text) RETURNS text
         END
     $$;
 
+-- audit_log: every operator action (approve, deny, resolve, cancel, prune, rekey) and each
+-- turn resumed under a changed agent, appended: who, when, what, through which interface
+-- (cli, python, console; worker for what a worker notices), the state before and after.
+-- Never updated: the roles of `durable-agent roles` may append and read, not change.
+CREATE TABLE audit_log (
+    audit_id  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at        timestamptz NOT NULL DEFAULT now(),
+    actor     text NOT NULL,
+    action    text NOT NULL
+              CHECK (action IN ('approve', 'deny', 'resolve', 'cancel', 'prune', 'rekey',
+                                'agent_changed')),
+    interface text NOT NULL CHECK (interface IN ('cli', 'python', 'console', 'worker')),
+    turn_id   text,
+    step      integer,
+    before    jsonb,
+    after     jsonb
+);
+CREATE INDEX audit_log_at_idx ON audit_log (at);
+CREATE INDEX audit_log_turn_idx ON audit_log (turn_id, audit_id) WHERE turn_id IS NOT NULL;
+
 -- schema_version: the migrations a database has had (written by `durable-agent migrate`).
 CREATE TABLE schema_version (
     version integer PRIMARY KEY,
