@@ -143,7 +143,13 @@ class AgentTurnTask(TurnTask):
         name, queue = runtime.agent_queue(kwargs.get("agent"))
         trace = runtime.trace_context()  # the caller's span, when tracing is on
         turn = runtime.journal.create_turn(
-            session_id, message, turn_id=turn_id, queue=queue, agent=name, trace_context=trace
+            session_id,
+            message,
+            turn_id=turn_id,
+            queue=queue,
+            agent=name,
+            trace_context=trace,
+            concurrency_key=kwargs.get("concurrency_key"),
         )
         result = TurnResult(turn_id, app=self.app)
         if turn.finished:  # the same turn submitted again: nothing to send
@@ -390,10 +396,11 @@ def _check_run_turn(args: list[Any], kwargs: dict[str, Any]) -> None:
 
 
 def _check_agent_turn(args: list[Any], kwargs: dict[str, Any]) -> None:
-    unknown = sorted(set(kwargs) - {"turn_id", "agent"})
+    unknown = sorted(set(kwargs) - {"turn_id", "agent", "concurrency_key"})
     if unknown or len(args) != 2:
         raise ValueError(
-            "agent_turn takes (session_id, message, turn_id=None, agent=None), got "
+            "agent_turn takes (session_id, message, turn_id=None, agent=None, "
+            "concurrency_key=None), got "
             f"{len(args)} argument(s) and keywords {sorted(kwargs)[:5]}"
         )
     try:
@@ -402,6 +409,8 @@ def _check_agent_turn(args: list[Any], kwargs: dict[str, Any]) -> None:
             raise InvalidArgument("message must be non-empty text with no NUL")
         if kwargs.get("turn_id") is not None:
             check_id("turn_id", kwargs["turn_id"])
+        if kwargs.get("concurrency_key") is not None:
+            check_id("concurrency_key", kwargs["concurrency_key"])
         if kwargs.get("agent") is not None:
             check_agent_name(kwargs["agent"])
     except InvalidArgument as error:

@@ -67,3 +67,29 @@ def test_a_burst_of_one_tenant_does_not_starve_another(stack: Stack, spawn: Spaw
     assert first_bolt <= 3, order  # beside the first two of acme's, not after its burst
     last_bolt = max(i for i, m in enumerate(order) if m.startswith("bolt"))
     assert last_bolt < BURST // 2, order
+
+
+def test_agent_turn_delay_takes_a_concurrency_key(stack: Stack, spawn: Spawn) -> None:
+    """``agent_turn.delay(..., concurrency_key=...)``: the worker records the turn with its
+    key, and the limit holds for it as for ``start_turn``'s."""
+    import psycopg
+
+    from durable_agent.delivery.task_names import AGENT_TURN
+    from durable_agent.runtime import runtime_for
+
+    stack.model.policy = Tenants()
+    settings = stack.settings.model_copy(update={"concurrency_per_key": 1, "system_prompt": ""})
+    spawn(settings=settings, pool="prefork", concurrency=2)
+    agent_turn = runtime_for(settings).celery.tasks[AGENT_TURN]
+    results = [
+        agent_turn.delay(f"d-{i}", f"acme {i:02d}", concurrency_key="acme") for i in range(3)
+    ]
+    turns = [stack.wait_turn(r.id, timeout=60) for r in results]
+    assert [t.status for t in turns] == ["done"] * 3, stack.report()
+    assert stack.model.policy.most == {"acme": 1}, stack.report()  # type: ignore[attr-defined]
+    with psycopg.connect(settings.database_url) as conn:
+        keys = conn.execute(
+            "SELECT DISTINCT concurrency_key FROM turns WHERE turn_id = ANY(%s)",
+            ([r.id for r in results],),
+        ).fetchall()
+    assert keys == [("acme",)]
