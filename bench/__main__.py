@@ -1,5 +1,5 @@
 """``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|sealing|``
-``timeline|telemetry|fleet]``
+``timeline|telemetry|fleet|streaming|budgets|fairness]``
 ``[--quick] [--json PATH]``:
 run the benchmarks, print tables (``--quick``: one round of each, smaller sizes, for CI).
 DBOS side by side is not here: ``make bench-peers`` runs ``python -m bench.peers`` in a
@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
             "sealing",
             "timeline",
             "fleet",
+            "streaming",
+            "budgets",
+            "fairness",
         ),
         default="all",
         help="the benchmark to run (default: all)",
@@ -127,6 +130,23 @@ def main(argv: list[str] | None = None) -> int:
                                          group_commit=(False,))  # fmt: skip
         else:
             results["fleet"] = fleet.run(rounds=max(1, args.reps // 3))
+    if args.which in ("all", "streaming"):
+        from . import streaming
+
+        results["streaming"] = streaming.run(
+            turns=5 if args.quick else 20, latency_turns=1 if args.quick else 3
+        )
+    if args.which in ("all", "budgets"):
+        from . import budgets
+
+        results["budgets"] = budgets.run(turns=60 if args.quick else 300, baseline=not args.quick)
+    if args.which in ("all", "fairness"):
+        from . import fairness
+
+        if args.quick:
+            results["fairness"] = fairness.run(burst=30, few=3, baseline=False)
+        else:
+            results["fairness"] = fairness.run()
     out.print(f"[dim]finished in {time.monotonic() - started:.0f} s[/dim]")
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")

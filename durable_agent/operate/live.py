@@ -208,22 +208,38 @@ class Announcements:
 class TurnEvent:
     """What a watcher is told: a finished step (``kind == "step"``), or the end of the turn
     (``kind == "end"``, with the turn as it ended: its status, reply or error, and its
-    spend ledger)."""
+    spend ledger). With ``tokens=True`` also: a piece of a model call's text as it arrives
+    (``"token"``, with the step and the ``attempt``, the claim's epoch), and an attempt that
+    was given up before it finished (``"abandoned"``: forget its text; the step's next
+    attempt, if any, comes from its start)."""
 
     turn_id: str
-    kind: Literal["step", "end"]
+    kind: Literal["step", "end", "token", "abandoned"]
     step: Step | None = None
     turn: Turn | None = None
+    step_number: int | None = None  # of a token or abandoned event
+    attempt: int | None = None
+    text: str = ""
+    cursor: str | None = None  # with tokens: where to go on from (live_tokens.Cursor)
 
     @property
     def id(self) -> str:
-        """The step number, or ``end``: pass the last step's number back as ``after_step``
-        to go on from there (a server-sent events' ``Last-Event-ID``)."""
+        """Where to go on from: without tokens the step number, or ``end``: pass the last
+        step's number back as ``after_step`` (a server-sent events' ``Last-Event-ID``); with
+        tokens a cursor to pass back as ``after``."""
+        if self.cursor is not None:
+            return self.cursor
         return str(self.step.step) if self.step is not None else "end"
 
     def as_json(self) -> dict[str, Any]:
         if self.step is not None:
             return {"event": "step", "turn_id": self.turn_id, **self.step.as_json()}
+        if self.kind in ("token", "abandoned"):
+            event = {"event": self.kind, "turn_id": self.turn_id, "step": self.step_number}
+            event["attempt"] = self.attempt
+            if self.kind == "token":
+                event["text"] = self.text
+            return event
         assert self.turn is not None
         return {"event": "end", **self.turn.as_json()}
 
