@@ -4,8 +4,9 @@ BIN    := $(VENV)/bin
 # DBOS, for `make bench-peers` only, in a virtual environment of its own
 PEERS_VENV   ?= .venv-peers
 DBOS_VERSION ?= 3.4.0
-# The suite runs in three processes: most of its time is spent waiting on real workers.
-PYTEST_ARGS ?= -n 3 --dist worksteal
+# The suite runs in three processes: most of its time is spent waiting on real workers. Tests
+# are handed out in order, the long ones first (the `long` marker, tests/conftest.py).
+PYTEST_ARGS ?= -n 3 --dist load
 
 .PHONY: install test test-compose unit lint format demo docs bench bench-quick bench-peers clean
 

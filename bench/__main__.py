@@ -1,5 +1,5 @@
 """``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|sealing|``
-``timeline|telemetry|waits]``
+``timeline|telemetry|fleet|streaming|budgets|fairness|waits]``
 ``[--quick] [--json PATH]``:
 run the benchmarks, print tables (``--quick``: one round of each, smaller sizes, for CI).
 DBOS side by side is not here: ``make bench-peers`` runs ``python -m bench.peers`` in a
@@ -21,7 +21,7 @@ from . import machine
 
 BENCHMARKS = (
     "all", "journal", "throughput", "resume", "growth", "recovery", "door", "console",
-    "telemetry", "sealing", "timeline", "waits",
+    "telemetry", "sealing", "timeline", "fleet", "streaming", "budgets", "fairness", "waits",
 )  # fmt: skip
 
 
@@ -111,6 +111,31 @@ def main(argv: list[str] | None = None) -> int:
         from . import timeline
 
         results["timeline"] = timeline.run(turns=10 if args.quick else 40)
+    if args.which in ("all", "fleet"):
+        from . import fleet
+
+        if args.quick:
+            results["fleet"] = fleet.run(rounds=1, turns_per_slot=1, configs=[(2, 8)],
+                                         group_commit=(False,))  # fmt: skip
+        else:
+            results["fleet"] = fleet.run(rounds=max(1, args.reps // 3))
+    if args.which in ("all", "streaming"):
+        from . import streaming
+
+        results["streaming"] = streaming.run(
+            turns=5 if args.quick else 20, latency_turns=1 if args.quick else 3
+        )
+    if args.which in ("all", "budgets"):
+        from . import budgets
+
+        results["budgets"] = budgets.run(turns=60 if args.quick else 300, baseline=not args.quick)
+    if args.which in ("all", "fairness"):
+        from . import fairness
+
+        if args.quick:
+            results["fairness"] = fairness.run(burst=30, few=3, baseline=False)
+        else:
+            results["fairness"] = fairness.run()
     if args.which in ("all", "waits"):
         from . import waits
 

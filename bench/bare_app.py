@@ -70,5 +70,9 @@ def bare_turn(session_id: str, message: str, run: str) -> None:
             result = t.invoke(arguments, f"bare-{session_id}-{step}")
             content = result if isinstance(result, str) else json.dumps(result)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
-    counter.incr(f"bench:bare:{run}")
-    counter.set(f"bench:bare:{run}:last", repr(time.time()))
+    ended = repr(time.time())
+    with counter.pipeline(transaction=False) as count:  # one round trip
+        count.hset(f"bench:bare:{run}:ended", session_id, ended)  # each turn's latency
+        count.incr(f"bench:bare:{run}")
+        count.set(f"bench:bare:{run}:last", ended)
+        count.execute()

@@ -128,7 +128,7 @@ def _one_run(
 
     victim.kill(signal.SIGKILL)
     t0 = time.monotonic()
-    refusal = store.db.one("claim_refusal", turn_id=turn_id)
+    refusal = store.db.one("claim_refusal", turn_id=turn_id, key_limit=None)
     assert refusal is not None and refusal["lease_expires_at"] is not None
     lease_left = (refusal["lease_expires_at"] - refusal["now"]).total_seconds()
     model.release()

@@ -634,6 +634,90 @@ def bench_timeline() -> str:
     )
 
 
+def bench_streaming() -> str:
+    streaming = _section("streaming")
+    first, every = streaming["first_token_ms"], streaming["token_ms"]
+    plain, streamed = _median(streaming["plain_ms"]), _median(streaming["streamed_ms"])
+    rows = [
+        [
+            "the first piece: written by the model, then at the watcher",
+            f"**{_median(first):.1f} ms**",
+            f"{max(first):.1f} ms",
+        ],
+        ["every piece", f"{_median(every):.1f} ms", f"{max(every):.1f} ms"],
+        [
+            f"a turn not streamed ({streaming['reply_chars']:,} characters of reply)",
+            f"{plain:.1f} ms",
+            "",
+        ],
+        [
+            "the same turn streamed, its pieces sent nowhere (the SDK's and the server's part)",
+            f"{_median(streaming['streamed_nowhere_ms']):.1f} ms"
+            if "streamed_nowhere_ms" in streaming
+            else "-",
+            "",
+        ],
+        [
+            f"the same turn streamed ({streaming['pieces_per_reply']} pieces through Redis)",
+            f"{streamed:.1f} ms",
+            f"**{streaming['ratio']:.2f} times** the unstreamed turn",
+        ],
+    ]
+    return table(["measure", "median", "max / ratio"], rows) + "\n"
+
+
+def bench_budgets() -> str:
+    budgets = _section("budgets")
+    rows = []
+    for name, label in (
+        ("budgeted", "the budget, 10,000 tokens a minute"),
+        ("unbudgeted", "no budget"),
+    ):
+        series = budgets.get(name)
+        if series is None:
+            continue
+        rows.append(
+            [
+                label,
+                f"**{series['rate_limited']:,}**",
+                f"{series['done']:,} of {budgets['turns']:,}",
+                f"{series['failed']:,}",
+                f"{series['seconds']:.0f} s",
+                f"{series['least_seconds']:.0f} s",
+                f"{series['tokens_per_minute']:,.0f}",
+            ]
+        )
+    header = ["", "429s", "done", "failed", "took", "the limit allows", "tokens a minute"]
+    text = table(header, rows)
+    cost = budgets.get("reserve_us")
+    if cost:
+        text += (
+            f"\n\nOne reservation and its settlement: {cost['redis_lua']:,.0f} µs as a Lua "
+            f"script on Redis, {cost['postgres_row']:,.0f} µs as the same bucket in a Postgres "
+            "row."
+        )
+    return text + "\n"
+
+
+def bench_fairness() -> str:
+    fairness = _section("fairness")
+    rows = []
+    for name, label in (("keyed", "2 per tenant"), ("unkeyed", "no concurrency key")):
+        series = fairness.get(name)
+        if series is None:
+            continue
+        rows.append(
+            [
+                label,
+                f"**{series['bolt_first_seconds']:.2f} s** ({series['first_in_turns']:.1f} turns)",
+                f"{series['bolt_all_seconds']:.2f} s",
+                f"{series['turn_seconds']:.2f} s",
+            ]
+        )
+    header = ["", "the other tenant's first start", "its last start", "one turn"]
+    return table(header, rows) + "\n"
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "cli": cli_reference,
     "configuration": configuration_reference,
@@ -646,5 +730,8 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "bench-telemetry": bench_telemetry,
     "bench-sealing": bench_sealing,
     "bench-timeline": bench_timeline,
+    "bench-streaming": bench_streaming,
+    "bench-budgets": bench_budgets,
+    "bench-fairness": bench_fairness,
     "bench-waits": bench_waits,
 }

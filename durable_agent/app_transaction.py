@@ -98,6 +98,7 @@ def start_in_transaction(
     *,
     turn_id: str | None,
     agent: str | None,
+    concurrency_key: str | None = None,
 ) -> str:
     """Record the turn on ``connection`` in its transaction; ring after the commit."""
     lent = _lend(connection)
@@ -112,6 +113,7 @@ def start_in_transaction(
         turn_id,
         queue=queue,
         agent=name,
+        concurrency_key=concurrency_key,
         trace_context=trace,
         sealer=runtime.database.sealer,
     )

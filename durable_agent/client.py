@@ -15,8 +15,8 @@ from typing import Any
 
 from celery.result import AsyncResult
 
-from .delivery.celery_tasks import deliver_event
 from .delivery.task_names import SEND_EVENT
+from .delivery.waker import deliver_event
 from .inputs import check_id
 from .journal import Event, Turn, WaitStore
 from .operate import events
@@ -34,6 +34,7 @@ def start_turn(
     agent: str | None = None,
     settings: Settings | None = None,
     connection: object | None = None,
+    concurrency_key: str | None = None,
 ) -> str:
     """Record a turn of ``agent`` (the environment's ``default`` agent when None) in
     Postgres, then enqueue it on the agent's queue; returns the turn id.
@@ -47,9 +48,18 @@ def start_turn(
     turn exists only if that transaction commits, and its message is sent only after the
     commit (SQLAlchemy: from the commit event; psycopg: by the sweeper, after its grace
     period). A rollback leaves no turn and sends nothing.
+
+    ``concurrency_key`` (e.g. the tenant): at most ``DURABLE_AGENT_CONCURRENCY_PER_KEY``
+    turns of one key run at once across the fleet; the others wait, without a worker, and
+    start in the order they were recorded.
     """
     return runtime_for(settings).start_turn(
-        session_id, message, turn_id=turn_id, agent=agent, connection=connection
+        session_id,
+        message,
+        turn_id=turn_id,
+        agent=agent,
+        connection=connection,
+        concurrency_key=concurrency_key,
     )
 
 
@@ -79,15 +89,27 @@ def stream_turn(
     after_step: int = -1,
     timeout: float | None = None,
     poll_seconds: float = DEFAULT_POLL_SECONDS,
+    tokens: bool = False,
+    after: str | None = None,
     settings: Settings | None = None,
 ) -> Generator[TurnEvent, None, None]:
     """Each finished step of the turn after ``after_step`` (-1: from the start), in order, as
     it is recorded, then one ``end`` event (the turn done, failed or cancelled, with its
     reply or error). Resume from any step with ``after_step=<the last step you got>``: nothing is
     skipped and nothing comes twice, also when another worker resumes the turn after a
-    crash. TimeoutError after ``timeout`` seconds without the end (None: no limit)."""
+    crash. TimeoutError after ``timeout`` seconds without the end (None: no limit).
+
+    ``tokens=True``: also the text of each streamed model answer as it arrives (``token``
+    events, tagged with the step and the attempt), and ``abandoned`` when an attempt was given
+    up (a worker died mid-answer: its text is void, the next attempt comes from its start).
+    Each event's ``id`` is a cursor: pass the last one back as ``after`` to go on."""
     return runtime_for(settings).stream_turn(
-        turn_id, after_step=after_step, timeout=timeout, poll_seconds=poll_seconds
+        turn_id,
+        after_step=after_step,
+        timeout=timeout,
+        poll_seconds=poll_seconds,
+        tokens=tokens,
+        after=after,
     )
 
 

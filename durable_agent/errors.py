@@ -106,6 +106,21 @@ class ModelUnavailable(DurableAgentError):
     retryable = True
 
 
+class ModelRateLimited(ModelUnavailable):
+    """The model API answered 429 after its retries; fed back into the model's budget."""
+
+
+class BudgetExhausted(DurableAgentError):
+    """The model's shared budget (requests or tokens a minute) has no room for this call now;
+    the turn waits ``retry_after`` seconds without holding a worker, and is not failed."""
+
+    retryable = True
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class LeaseLost(DurableAgentError):
     """Another worker took this turn over (its epoch moved on); this worker must stop the turn."""
 

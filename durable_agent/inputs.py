@@ -9,6 +9,7 @@ before anything is written or sent.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidArgument
@@ -72,3 +73,33 @@ def _check_encodable(name: str, value: str) -> bytes:
         return value.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidArgument(f"{name} is not valid text (it holds a lone surrogate)") from None
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A model's requests and tokens a minute (None: not limited)."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+
+
+def parse_limits(text: str) -> dict[str, Limit]:
+    """``MODEL=rpm:N/tpm:N, ...`` as limits by model name; ValueError with the bad item."""
+    limits: dict[str, Limit] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        model, sep, spec = item.partition("=")
+        values: dict[str, int] = {}
+        for rule in spec.split("/") if sep else []:
+            name, _, number = rule.strip().partition(":")
+            if name not in ("rpm", "tpm") or not number.strip().isdigit() or int(number) < 1:
+                values = {}
+                break
+            values[name] = int(number)
+        if not model.strip() or not values:
+            raise ValueError(
+                f"not a limit: {item!r} (MODEL=rpm:N/tpm:N, either or both, whole numbers >= 1)"
+            )
+        limits[model.strip()] = Limit(values.get("rpm"), values.get("tpm"))
+    return limits

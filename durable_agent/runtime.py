@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -39,14 +39,11 @@ from .journal import (
     WorkerSeen,
     require_current,
 )
-from .operate.live import (
-    DEFAULT_POLL_SECONDS,
-    Announcements,
-    TurnEvent,
-    stream_turn,
-    wait_until_finished,
-)
+from .operate.budgets import Budgets
+from .operate.live import Announcements
+from .operate.live_reads import LiveReads
 from .operate.spend import check_grouping, spend_of_turns, spend_report
+from .operate.tokens import TokenStreams
 from .redact import remember_secrets
 from .settings import Settings, load_settings
 from .step.tools import ToolRegistry, import_module, load_tools
@@ -69,7 +66,7 @@ T = TypeVar("T")
 MAX_LIST = 10_000
 
 
-class Runtime(TelemetryParts):
+class Runtime(LiveReads, TelemetryParts):
     """Everything a durable-agent process needs, built from one Settings object."""
 
     def __init__(self, settings: Settings | None = None, *, tools: ToolRegistry | None = None):
@@ -96,9 +93,10 @@ class Runtime(TelemetryParts):
         self._lock = threading.RLock()
         for name in ("model", "turn_worker"):
             self._parts.pop(name, None)
-        announcements = self._parts.get("announcements")
-        if announcements is not None:
-            announcements.after_fork_in_child()
+        for name in ("announcements", "token_streams", "budgets"):
+            part = self._parts.get(name)
+            if part is not None:
+                part.after_fork_in_child()
 
     # -- the parts ------------------------------------------------------------------------
 
@@ -119,7 +117,9 @@ class Runtime(TelemetryParts):
         return self._part(
             "leases",
             lambda: Leases(
-                self.database, end_dead_local_claims=self.settings.end_dead_local_claims
+                self.database,
+                end_dead_local_claims=self.settings.end_dead_local_claims,
+                key_limit=self.settings.concurrency_per_key or None,
             ),
         )
 
@@ -132,6 +132,17 @@ class Runtime(TelemetryParts):
     def announcements(self) -> Announcements:
         """This process's LISTEN connection for live turns (see ``live.py``)."""
         return self._part("announcements", lambda: Announcements(self.database.conninfo))
+
+    @property
+    def token_streams(self) -> TokenStreams | None:
+        """The Redis streams of streamed answers' tokens (None without a Redis)."""
+        return self._part("token_streams", lambda: TokenStreams.from_settings(self.settings))
+
+    @property
+    def budgets(self) -> Budgets | None:
+        """The fleet's model budgets (``DURABLE_AGENT_MODEL_LIMITS``; None without any)."""
+        s = self.settings
+        return self._part("budgets", lambda: Budgets(s) if s.limits and s.budgets_url else None)
 
     @property
     def tools(self) -> ToolRegistry:
@@ -213,6 +224,8 @@ class Runtime(TelemetryParts):
             model=self.model,
             outage=self.outage,
             faults=faults,
+            tokens=self.token_streams,
+            budgets=self.budgets,
             observe_steps=self.tracing.steps if self.tracing is not None else None,
         )
 
@@ -312,33 +325,48 @@ class Runtime(TelemetryParts):
         turn_id: str | None = None,
         agent: str | None = None,
         connection: object | None = None,
+        concurrency_key: str | None = None,
     ) -> str:
         """Record a turn of ``agent`` (``default`` when None) in Postgres, then enqueue it
-        on the agent's queue; returns the turn id.
-
-        The turn is durable once this returns, even if the broker is down: the sweeper
-        enqueues turns that were recorded but never sent. Passing your own ``turn_id`` makes
-        a retried call return the same turn instead of creating a second one.
-
-        With ``connection`` (a SQLAlchemy Session or Connection, or a psycopg 3 connection)
-        the turn is recorded in that connection's transaction and enqueued only after it
-        commits; a rollback leaves no turn (see ``app_transaction.py``).
-        """
+        on the agent's queue; returns the turn id (see :func:`durable_agent.start_turn`:
+        ``turn_id`` makes a retry idempotent, ``connection`` records it in your transaction,
+        ``concurrency_key`` limits the turns of one key running at once)."""
         check_id("session_id", session_id)
         check_message(message, self.settings.max_message_bytes)
         if turn_id is not None:
             check_id("turn_id", turn_id)
+        if concurrency_key is None and agent is not None and agent != "default":
+            from .step.agents import check_agent_name
+
+            concurrency_key = self.agents[check_agent_name(agent)].key_for(session_id)
+        if concurrency_key is not None:
+            check_id("concurrency_key", concurrency_key)
         if connection is not None:
             from .app_transaction import start_in_transaction
 
             return start_in_transaction(
-                self, connection, session_id, message, turn_id=turn_id, agent=agent
+                self,
+                connection,
+                session_id,
+                message,
+                turn_id=turn_id,
+                agent=agent,
+                concurrency_key=concurrency_key,
             )
         name, queue = self.agent_queue(agent)
         trace = self.trace_context()  # the caller's span, when tracing is on
         turn = self.journal.create_turn(
-            session_id, message, turn_id=turn_id, queue=queue, agent=name, trace_context=trace
+            session_id,
+            message,
+            turn_id=turn_id,
+            queue=queue,
+            agent=name,
+            concurrency_key=concurrency_key,
+            trace_context=trace,
         )
+        keyed = concurrency_key is not None and self.leases.key_limit and turn.attempts == 0
+        if keyed and not self.leases.admit_new_keyed(turn.turn_id):
+            return turn.turn_id  # its key is full: sent when a turn of the key ends
         if turn.status in (TurnStatus.QUEUED, TurnStatus.RUNNING):
             try:
                 self.enqueue(session_id, turn.turn_id, turn.queue, trace or "")
@@ -412,41 +440,12 @@ class Runtime(TelemetryParts):
             self.journal, self.settings.price_table, by=by, limit=limit, since=since
         )
 
-    def wait_for_turn(
-        self, turn_id: str, timeout: float = 60.0, poll_seconds: float = DEFAULT_POLL_SECONDS
-    ) -> Turn:
-        """Wait until the turn is done, failed or cancelled; raises TimeoutError after
-        ``timeout`` s (a turn waiting for an approval has not ended).
-
-        Woken by Postgres' announcement of the turn's end; ``poll_seconds`` is only how often
-        it reads anyway, in case an announcement is lost."""
-        return wait_until_finished(self.journal, self.announcements, turn_id, timeout, poll_seconds)
-
-    def stream_turn(
-        self,
-        turn_id: str,
-        *,
-        after_step: int = -1,
-        timeout: float | None = None,
-        poll_seconds: float = DEFAULT_POLL_SECONDS,
-    ) -> Generator[TurnEvent, None, None]:
-        """Each finished step after ``after_step`` as it is recorded, then the end (see
-        :func:`durable_agent.operate.live.stream_turn`)."""
-        return stream_turn(
-            self.journal,
-            self.announcements,
-            self.with_spend,
-            turn_id,
-            after_step=after_step,
-            timeout=timeout,
-            poll_seconds=poll_seconds,
-        )
-
     def close(self) -> None:
         """Close the database connections (a new use opens them again)."""
-        announcements = self._parts.get("announcements")
-        if announcements is not None:
-            announcements.close()
+        for name in ("announcements", "token_streams", "budgets"):
+            part = self._parts.get(name)
+            if part is not None:
+                part.close()
         database = self._parts.get("database")
         if database is not None:
             database.close()

@@ -128,6 +128,11 @@ turns = Table(
         comment="what differed from agent_spec the last time the turn was resumed (NULL: nothing)",
     ),
     _text(
+        "concurrency_key",
+        comment="the turns of one key run at most DURABLE_AGENT_CONCURRENCY_PER_KEY at once, "
+        "oldest first (NULL: no limit)",
+    ),
+    _text(
         "trace_context",
         comment="the traceparent (and tracestate) of the request that started the turn, as "
         "W3C headers in JSON (NULL: not traced)",
@@ -153,6 +158,13 @@ Index(
     "turns_finished_idx",
     turns.c.finished_at,
     postgresql_where=text("status IN ('done', 'failed', 'cancelled')"),
+)
+Index(
+    "turns_open_by_key_idx",
+    turns.c.concurrency_key,
+    turns.c.created_at,
+    turns.c.turn_id,
+    postgresql_where=text("concurrency_key IS NOT NULL AND status IN ('queued', 'running')"),
 )
 Index("turns_newest_idx", turns.c.created_at, turns.c.turn_id)
 Index("turns_status_newest_idx", turns.c.status, turns.c.created_at, turns.c.turn_id)

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from .errors import ConfigurationError
 from .journal import Price, Sealer, StaticKeys, parse_prices, sealer_for
 from .redact import remember_secrets, url_password
+from .settings_calls import CallSettings
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful assistant that uses tools to act for the user. "
@@ -25,7 +26,7 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
-class Settings(BaseSettings):
+class Settings(CallSettings, BaseSettings):
     """Everything a process of durable-agent needs to know; pass it explicitly."""
 
     model_config = SettingsConfigDict(env_prefix="DURABLE_AGENT_", extra="ignore", frozen=True)
@@ -278,6 +279,8 @@ class Settings(BaseSettings):
             self.openai_api_key,
             url_password(self.database_url),
             url_password(self.broker_url),
+            url_password(self.token_stream_url) if self.token_stream_url else None,
+            url_password(self.budget_url) if self.budget_url else None,
             *self.console_logins.values(),
             self.console_token or None,
             *(key.partition(":")[2].strip() for key in self.keys.split(",")),
@@ -299,6 +302,14 @@ class Settings(BaseSettings):
     def _broker_url_is_usable(cls, url: str) -> str:
         check_broker_url(url)
         return url
+
+    @property
+    def tokens_url(self) -> str:
+        """The Redis URL of the token streams ('' when there is none)."""
+        return self.token_stream_url or self._broker_if_redis()
+
+    def _broker_if_redis(self) -> str:
+        return self.broker_url if self.broker_url.startswith(("redis://", "rediss://")) else ""
 
     @field_validator("result_backend")
     @classmethod
@@ -354,6 +365,11 @@ class Settings(BaseSettings):
         return value
 
     @property
+    def budgets_url(self) -> str:
+        """The Redis URL of the budgets ('' when there is none)."""
+        return self.budget_url or self._broker_if_redis()
+
+    @property
     def price_table(self) -> dict[str, Price]:
         return parse_prices(self.prices)
 
@@ -377,6 +393,8 @@ class Settings(BaseSettings):
 
 _NAME = re.compile(r"[^\s\x00-\x1f\x7f]{1,200}")
 _CALLABLE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
 BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps", "pyamqp")
 _BROKER_QUERY = {
     "redis": {

@@ -42,11 +42,15 @@ def _database_url(dbname: str) -> str:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test by its directory, so `pytest -m "not acceptance"` skips the layer that
-    starts worker processes and `-m "not integration and not acceptance"` needs no services."""
+    starts worker processes and `-m "not integration and not acceptance"` needs no services.
+
+    Tests marked ``long`` run first: handed out in order (``--dist load``), they start at
+    once on different pytest workers instead of ending the run alone."""
     for item in items:
         layer = item.path.parent.name
         if layer in ("integration", "acceptance"):
             item.add_marker(layer)
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable
 
 
 def embedded_available() -> bool:

@@ -11,6 +11,10 @@ that reconnects after the end (``Last-Event-ID: end``) gets 204 No Content, whic
 ``EventSource`` to stop reconnecting.
 ``?after_step=N`` does the same by hand.
 
+``GET /turns/<turn_id>/events?tokens=1`` adds the model's text as it is written (``token``
+events, then ``abandoned`` if a worker died mid-answer); the ids are then cursors, and
+``Last-Event-ID`` goes on from one the same way.
+
 Run it with ``python -m durable_agent_examples.live_sse --port 8000`` (the settings come
 from ``DURABLE_AGENT_*``, as for the workers).
 """
@@ -55,11 +59,15 @@ def make_server(runtime: Runtime, host: str = "127.0.0.1", port: int = 0) -> Thr
             turn_id = urllib.parse.unquote(parts[1])
             query = urllib.parse.parse_qs(url.query)
             last = self.headers.get("Last-Event-ID") or (query.get("after_step") or ["-1"])[0]
+            tokens = (query.get("tokens") or ["0"])[0] == "1"
             if last.strip() == "end":  # it had the end: 204 tells an EventSource to stop
                 return self._no_more_events(turn_id)
             try:
                 # an unknown turn or a bad step fails here, before the headers
-                events = runtime.stream_turn(turn_id, after_step=int(last))
+                if tokens:
+                    events = runtime.stream_turn(turn_id, tokens=True, after=last)
+                else:
+                    events = runtime.stream_turn(turn_id, after_step=int(last))
             except TurnNotFound as error:
                 return self._json(HTTPStatus.NOT_FOUND, {"error": str(error)})
             except (ValueError, InvalidArgument) as error:

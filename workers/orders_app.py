@@ -6,6 +6,13 @@ exist once the transaction commits, and the turn's message is sent only then; an
 fails (here: its reference is taken) rolls back, and its turn with it, and nothing is sent.
 ``GET /orders/{reference}`` shows the order with its turn.
 
+``POST /chat`` ``{"session_id", "message"}`` is a streaming chat endpoint: it starts a turn
+and answers with server-sent events, the model's text as it is written (``token``), each
+finished step (``step``), then the ``end`` with the reply. A client that loses the connection
+calls ``GET /chat/{turn_id}/events`` with ``Last-Event-ID`` (the last ``id`` it got) and gets
+the rest, nothing twice; one whose worker died mid-answer is sent ``abandoned`` (drop the
+text of that attempt) and then the new attempt from its start.
+
 Run it (the ``examples`` extra; Postgres and the workers as for any turn)::
 
     pip install 'durable-agent[examples]' uvicorn
@@ -19,17 +26,26 @@ migrates it with Alembic beside ours (docs/how-to/application-transactions.md).
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 from sqlalchemy import Engine, Text, create_engine, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-from durable_agent import get_turn, start_turn
+from durable_agent import (
+    InvalidArgument,
+    TurnEvent,
+    TurnNotFound,
+    get_turn,
+    start_turn,
+    stream_turn,
+)
 from durable_agent.settings import Settings, load_settings
 
 
@@ -55,6 +71,11 @@ class NewOrder(BaseModel):
 class PlacedOrder(BaseModel):
     reference: str
     turn_id: str
+
+
+class ChatMessage(BaseModel):
+    session_id: str = Field(min_length=1, max_length=200)
+    message: str = Field(min_length=1, max_length=10_000)
 
 
 class OrderView(PlacedOrder):
@@ -125,4 +146,46 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
             reply=turn.reply,
         )
 
+    @app.post("/chat")
+    def chat(said: ChatMessage) -> Response:
+        try:
+            turn_id = start_turn(said.session_id, said.message, settings=settings)
+        except InvalidArgument as error:
+            raise HTTPException(400, str(error)) from None
+        return _sse(turn_id, None, settings)
+
+    @app.get("/chat/{turn_id}/events")
+    def chat_events(
+        turn_id: str, last_event_id: Annotated[str | None, Header()] = None
+    ) -> Response:
+        return _sse(turn_id, last_event_id, settings)
+
     return app
+
+
+def _sse(turn_id: str, after: str | None, settings: Settings) -> Response:
+    """The turn's events from ``after`` on, as server-sent events (a bad id or an unknown turn
+    is refused before the stream starts; after the end, 204 tells an EventSource to stop)."""
+    if after == "end":
+        return Response(status_code=204)
+    try:
+        events = stream_turn(turn_id, tokens=True, after=after, timeout=300, settings=settings)
+    except TurnNotFound as error:
+        raise HTTPException(404, str(error)) from None
+    except InvalidArgument as error:
+        raise HTTPException(400, str(error)) from None
+
+    def lines() -> Iterator[str]:
+        yield f"event: turn\ndata: {json.dumps({'turn_id': turn_id})}\n\n"
+        try:
+            for event in events:
+                yield _event(event)
+        finally:
+            events.close()
+
+    return StreamingResponse(lines(), media_type="text/event-stream")
+
+
+def _event(event: TurnEvent) -> str:
+    data = json.dumps(event.as_json(), ensure_ascii=False, default=str)
+    return f"id: {event.id}\nevent: {event.kind}\ndata: {data}\n\n"

@@ -11,13 +11,17 @@ import argparse
 import json
 from collections.abc import Callable
 
+import redis
+
+from ..errors import ServiceUnavailable
 from ..inputs import check_id, check_message
 from ..journal import WaitStore
+from ..operate.live import TurnEvent
 from ..operate.spend import GROUPINGS
 from ..redact import printable
 from ..runtime import Runtime
 from .arguments import count, seconds, since_on_clock, since_time
-from .exits import EXIT_FAILED, EXIT_TIMEOUT, error_line
+from .exits import EXIT_FAILED, EXIT_TIMEOUT, EXIT_USAGE, error_line
 
 Command = Callable[[Runtime, argparse.Namespace], int]
 Add = Callable[[str, Command, str], argparse.ArgumentParser]
@@ -55,28 +59,50 @@ def cmd_watch(runtime: Runtime, args: argparse.Namespace) -> int:
     """Print each finished step of the turn as it is recorded, then its end."""
     check_id("turn_id", args.turn_id)
     runtime.require_schema()
-    events = runtime.stream_turn(args.turn_id, after_step=args.after_step, timeout=args.timeout)
+    events = runtime.stream_turn(
+        args.turn_id,
+        after_step=args.after_step,
+        timeout=args.timeout,
+        tokens=args.tokens,
+        after=args.after,
+    )
+    in_text = False  # a line of tokens is open
     try:
         for event in events:
             if args.json:
                 print(json.dumps(event.as_json(), ensure_ascii=False), flush=True)
-            elif event.step is not None:
-                s = event.step
-                call = f"{s.kind} {s.name}" + (f" ({s.replay})" if s.kind == "tool" else "")
-                where = f"step {s.step}"
-                if event.parent_step is not None:  # a child turn's step, under its parent's
-                    where = f"  step {event.parent_step}.{s.step} (child {event.turn_id})"
-                print(printable(f"{where}  {call}: {s.summary(100)}"), flush=True)
+            elif event.kind == "token":
+                head = "" if in_text else f"step {event.step_number} (attempt {event.attempt})> "
+                print(printable(head + event.text), end="", flush=True)
+                in_text = True
+                continue
+            else:
+                if in_text:
+                    print(flush=True)
+                    in_text = False
+                _print_event(event)
             if event.turn is not None:
-                turn = event.turn
-                if not args.json:
-                    text = turn.reply if turn.status == "done" else turn.error
-                    print(printable(f"{turn.status}: {text or ''}"), flush=True)
-                return 0 if turn.status == "done" else EXIT_FAILED
+                return 0 if event.turn.status == "done" else EXIT_FAILED
     except TimeoutError as error:
         error_line(f"error: {error}")
         return EXIT_TIMEOUT
     return EXIT_FAILED  # the stream ends only with the turn's end
+
+
+def _print_event(event: TurnEvent) -> None:
+    if event.kind == "abandoned":
+        print(f"step {event.step_number}: attempt {event.attempt} abandoned", flush=True)
+    elif event.step is not None:
+        s = event.step
+        call = f"{s.kind} {s.name}" + (f" ({s.replay})" if s.kind == "tool" else "")
+        where = f"step {s.step}"
+        if event.parent_step is not None:  # a child turn's step, under its parent's
+            where = f"  step {event.parent_step}.{s.step} (child {event.turn_id})"
+        print(printable(f"{where}  {call}: {s.summary(100)}"), flush=True)
+    elif event.turn is not None:
+        turn = event.turn
+        text = turn.reply if turn.status == "done" else turn.error
+        print(printable(f"{turn.status}: {text or ''}"), flush=True)
 
 
 def cmd_journal(runtime: Runtime, args: argparse.Namespace) -> int:
@@ -158,6 +184,40 @@ def _spend_of_turn(runtime: Runtime, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_limits(runtime: Runtime, args: argparse.Namespace) -> int:
+    """Each model budget the fleet shares, as it is now."""
+    budgets = runtime.budgets
+    if budgets is None:
+        why = (
+            "no model budgets: set DURABLE_AGENT_MODEL_LIMITS (e.g. 'gpt-4o-mini=tpm:200000')"
+            if not runtime.settings.limits
+            else "no Redis for the budgets (DURABLE_AGENT_BUDGET_URL, or a redis:// broker)"
+        )
+        error_line(f"error: {why}")
+        return EXIT_USAGE
+    try:
+        uses = budgets.use()
+    except redis.RedisError as error:
+        raise ServiceUnavailable(f"cannot read the budgets from Redis: {error}") from None
+    if args.json:
+        print(json.dumps([u.as_json() for u in uses], indent=2))
+        return 0
+    for u in uses:
+
+        def free(value: float | None, per_minute: int | None) -> str:
+            if per_minute is None or value is None:
+                return "unlimited"
+            size = max(1.0, per_minute * budgets.burst / 60)
+            return f"{value:,.0f} of {size:,.0f} free ({per_minute:,}/min)"
+
+        print(
+            f"{u.name}: requests {free(u.requests_free, u.rpm)}, tokens "
+            f"{free(u.tokens_free, u.tpm)}; in flight {u.in_flight}, reserved {u.reserved}, "
+            f"waited {u.waits}, 429s {u.rate_limited}"
+        )
+    return 0
+
+
 def cmd_replay(runtime: Runtime, args: argparse.Namespace) -> int:
     from ..operate.replay import replay_turn
 
@@ -209,6 +269,17 @@ def register(add: Add) -> None:
         "--timeout", type=seconds, default=None, help="give up after S seconds (default: never)"
     )
     watch.add_argument("--json", action="store_true", help="one JSON object per line")
+    watch.add_argument(
+        "--tokens",
+        action="store_true",
+        help="also print the model's answers as they are written (streamed answers)",
+    )
+    watch.add_argument(
+        "--after",
+        default=None,
+        metavar="ID",
+        help="with --tokens: go on after the event with this id (from --json)",
+    )
 
     journal = add("journal", cmd_journal, "show a turn's journal")
     journal.add_argument("turn_id", help="the turn's id (submit prints it)")
@@ -229,6 +300,14 @@ def register(add: Add) -> None:
         "--turn", default=None, help="one turn with its child turns (child agents) and the total"
     )
     spend.add_argument("--json", action="store_true", help="a JSON array of rows")
+
+    limits = add(
+        "limits",
+        cmd_limits,
+        "each model budget the workers share (DURABLE_AGENT_MODEL_LIMITS): what is free, in "
+        "flight, how often turns waited, the 429s that still came",
+    )
+    limits.add_argument("--json", action="store_true", help="a JSON array of budgets")
 
     replay = add("replay", cmd_replay, "replay a done turn with the model switched off")
     replay.add_argument("turn_id", help="the turn's id (submit prints it)")

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ..delivery.celery_tasks import deliver_event
+from ..delivery.waker import deliver_event
 from ..errors import InvalidArgument, TurnEnded
 from ..inputs import check_id
 from ..journal import WaitStore

@@ -34,15 +34,15 @@ from ..errors import (
     TurnNotFound,
 )
 from ..inputs import check_id, check_message
-from ..journal import Database, JournalStore, WaitStore, worker_identity
+from ..journal import Database, JournalStore, worker_identity
 from ..settings import Settings
 from ..step.agents import AgentBook, check_agent_name
 from .doorbell import new_message_id, trace_headers
 from .outage import Outage
 from .task_names import AGENT_TURN, RUN_TURN, SEND_EVENT, SWEEP
+from .waker import deliver_event
 
 if TYPE_CHECKING:
-    from ..operate.events import EventSent
     from ..telemetry.tracing import Tracing
     from .sweeper import Sweeper
     from .turn_worker import TurnWorker
@@ -164,7 +164,13 @@ class AgentTurnTask(TurnTask):
         name, queue = runtime.agent_queue(kwargs.get("agent"))
         trace = runtime.trace_context()  # the caller's span, when tracing is on
         turn = runtime.journal.create_turn(
-            session_id, message, turn_id=turn_id, queue=queue, agent=name, trace_context=trace
+            session_id,
+            message,
+            turn_id=turn_id,
+            queue=queue,
+            agent=name,
+            trace_context=trace,
+            concurrency_key=kwargs.get("concurrency_key"),
         )
         result = TurnResult(turn_id, app=self.app)
         if turn.finished:  # the same turn submitted again: nothing to send
@@ -221,6 +227,7 @@ def register_tasks(app: Celery, runtime: TaskParts) -> None:
         message: str,
         turn_id: str | None = None,
         agent: str | None = None,
+        concurrency_key: str | None = None,
     ) -> str:
         """Run the turn ``agent_turn.delay()`` recorded; record it first if the message was
         published without it (``send_task`` by name), under the task id. Every check the
@@ -230,8 +237,15 @@ def register_tasks(app: Celery, runtime: TaskParts) -> None:
             check_message(message, runtime.settings.max_message_bytes)
             if runtime.journal.find_turn(turn_id) is None:
                 name, queue = runtime.agent_queue(agent)
+                if concurrency_key is not None:
+                    check_id("concurrency_key", concurrency_key)
                 runtime.journal.create_turn(
-                    session_id, message, turn_id=turn_id, queue=queue, agent=name
+                    session_id,
+                    message,
+                    turn_id=turn_id,
+                    queue=queue,
+                    agent=name,
+                    concurrency_key=concurrency_key,
                 )
         except InvalidArgument as error:
             log.warning("agent_turn %s refused: %s", turn_id, error)
@@ -372,11 +386,13 @@ def _handle_delivery(runtime: TaskParts, turn_id: str) -> str:
         # Postgres is unreachable: keep the message, wait for Postgres, then handle the turn
         # again here; the claim is this worker's own, so nothing counts as a crash.
         runtime.outage.wait()
-    if delivery.follow_up is not None:
+    for follow_up in (delivery.follow_up, delivery.next_of_key):
+        if follow_up is None:
+            continue
         try:
-            runtime.enqueue(*delivery.follow_up)
+            runtime.enqueue(*follow_up)
         except DurableAgentError as error:
-            log.warning("could not enqueue %s (the sweeper will): %s", delivery.follow_up, error)
+            log.warning("could not enqueue %s (the sweeper will): %s", follow_up, error)
     log.info("turn %s: %s %s", turn_id, delivery.outcome, delivery.detail[:200])
     if delivery.outcome in (Outcome.DONE, Outcome.FAILED, Outcome.CANCELLED, Outcome.REFUSED):
         from .results import store_end
@@ -415,10 +431,11 @@ def _check_run_turn(args: list[Any], kwargs: dict[str, Any]) -> None:
 
 
 def _check_agent_turn(args: list[Any], kwargs: dict[str, Any]) -> None:
-    unknown = sorted(set(kwargs) - {"turn_id", "agent"})
+    unknown = sorted(set(kwargs) - {"turn_id", "agent", "concurrency_key"})
     if unknown or len(args) != 2:
         raise ValueError(
-            "agent_turn takes (session_id, message, turn_id=None, agent=None), got "
+            "agent_turn takes (session_id, message, turn_id=None, agent=None, "
+            "concurrency_key=None), got "
             f"{len(args)} argument(s) and keywords {sorted(kwargs)[:5]}"
         )
     try:
@@ -427,38 +444,12 @@ def _check_agent_turn(args: list[Any], kwargs: dict[str, Any]) -> None:
             raise InvalidArgument("message must be non-empty text with no NUL")
         if kwargs.get("turn_id") is not None:
             check_id("turn_id", kwargs["turn_id"])
+        if kwargs.get("concurrency_key") is not None:
+            check_id("concurrency_key", kwargs["concurrency_key"])
         if kwargs.get("agent") is not None:
             check_agent_name(kwargs["agent"])
     except InvalidArgument as error:
         raise ValueError(str(error)) from None
-
-
-def deliver_event(
-    runtime: TaskParts, turn_id: str, name: str, payload: Any, event_id: str | None
-) -> EventSent:
-    """``send_event`` on this runtime's parts (the task and ``durable_agent.send_event``)."""
-    from ..operate.events import send_event
-    from .waker import send_woken
-
-    waits = WaitStore(runtime.database)
-
-    def events_of(turn_id: str) -> tuple[str, ...] | None:
-        turn = runtime.journal.find_turn(turn_id)
-        try:
-            agent = runtime.agents.get(turn.agent) if turn is not None else None
-        except ConfigurationError:  # this process cannot load the agents: no check here
-            return None
-        return agent.events if agent is not None else None
-
-    return send_event(
-        waits,
-        lambda t: send_woken(waits, runtime.journal, runtime.publish, t),
-        turn_id,
-        name,
-        payload,
-        event_id=event_id,
-        events_of=events_of,
-    )
 
 
 def _check_send_event(args: list[Any], kwargs: dict[str, Any]) -> None:

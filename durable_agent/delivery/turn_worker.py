@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from ..errors import (
+    BudgetExhausted,
     LeaseLost,
     ModelUnavailable,
     ServiceUnavailable,
@@ -35,8 +37,10 @@ from ..journal import (
     worker_identity,
 )
 from ..operate.approvals import approval_gate
+from ..operate.budgets import Budgets
 from ..operate.cancel import end_cancelled, stop_if_cancelled
 from ..operate.parking import Parking
+from ..operate.tokens import TokenStreams
 from ..redact import redact
 from ..settings import Settings
 from ..step.agents import AgentBook, BoundAgent, changes
@@ -80,6 +84,7 @@ class Delivery:
     outcome: Outcome
     detail: str = ""
     follow_up: tuple[str, str, str] | None = None  # (session_id, turn_id, queue) to enqueue
+    next_of_key: tuple[str, str, str] | None = None  # the turn its concurrency key lets in
     read_back: list[int] = field(default_factory=list)
     executed: list[int] = field(default_factory=list)
 
@@ -100,6 +105,8 @@ class TurnWorker:
         model: ModelCall,
         outage: Outage,
         faults: Faults | None = None,
+        tokens: TokenStreams | None = None,
+        budgets: Budgets | None = None,
         observe_steps: ObserveSteps | None = None,
     ) -> None:
         self.settings = settings
@@ -109,6 +116,8 @@ class TurnWorker:
         self.agents = agents
         self.model = model
         self.outage = outage
+        self.tokens = tokens  # where streamed answers' text goes (None: nowhere)
+        self.budgets = budgets  # the fleet's model budgets (None: none configured)
         self.faults = faults if faults is not None else Faults.from_env()
         self.waits = WaitStore(store.db)
         self.observe_steps = observe_steps
@@ -127,14 +136,24 @@ class TurnWorker:
         if isinstance(claim, Refusal):
             if claim.reason == "elsewhere":
                 return self._hand_back(turn_id, claim.detail)
+            if claim.reason == "key_busy":  # woken when a turn of its key ends
+                self.leases.wait_for_key(turn_id)
+                return Delivery(turn_id, Outcome.REFUSED, claim.detail)
             log.info("delivery of %s not run: %s", turn_id, claim.detail)
             return Delivery(turn_id, Outcome.REFUSED, claim.detail)
         if claim.turn.crashes >= self.settings.max_crashes:
-            return self._give_up(claim)
-        agent = self.agents.get(claim.turn.agent)
-        if agent is None or not self.agents.serves(agent.name):
-            return self._not_served(claim)
-        return self._run(claim, agent)
+            delivery = self._give_up(claim)
+        else:
+            agent = self.agents.get(claim.turn.agent)
+            if agent is None or not self.agents.serves(agent.name):
+                return self._not_served(claim)
+            delivery = self._run(claim, agent)
+        if self.leases.key_limit is not None and delivery.outcome not in (
+            Outcome.LOST,
+            Outcome.INTERRUPTED,
+        ):  # its slot is free: the oldest waiting turn of its key goes next
+            delivery.next_of_key = self.leases.wake_next_of_key(turn_id)
+        return delivery
 
     def _hand_back(self, turn_id: str, why: str) -> Delivery:
         """A turn of a queue this worker does not serve goes back to its own queue. If it
@@ -256,7 +275,8 @@ class TurnWorker:
                 )
                 # the first turn of a session has no history: none is read then
                 history = self.store.session_history(turn.session_id, turn.seq) if turn.seq else []
-                ctx = agent.context(runner, self.model, turn, history)
+                sink = self.tokens.for_claim(turn.turn_id, claim.epoch) if self.tokens else None
+                ctx = agent.context(runner, self.model, turn, history, sink, self.budgets)
                 reply = run_loop(agent.loop, ctx)
                 beat.check()
                 # the last model call's outcome, held back, is written with the end
@@ -291,6 +311,13 @@ class TurnWorker:
                     return delivery
                 log.warning("stopping turn %s: %s", turn.turn_id, error)
                 delivery.outcome, delivery.detail = Outcome.LOST, str(error)
+                return delivery
+            except BudgetExhausted as error:  # waits for room without its worker; no failure
+                delay = error.retry_after + random.uniform(0, 0.2)
+                log.info("turn %s: %s; waits %.1fs", turn.turn_id, error, delay)
+                _flush_quietly(journal)
+                self.leases.release(turn.turn_id, claim.epoch, delay, f"waiting: {error}")
+                delivery.outcome, delivery.detail = Outcome.DEFERRED, str(error)
                 return delivery
             except ModelUnavailable as error:
                 delay = min(settings.retry_backoff_max_seconds, 2.0 ** min(turn.attempts, 10))

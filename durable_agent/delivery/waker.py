@@ -6,6 +6,8 @@ in its own transaction, which announces ``wake <turn_id>`` on the channel
 there and sends the turn (``claim_send``: the first process to ask sends it, the others
 do nothing). If no waker hears it (none runs, or the connection dropped), the sweeper's
 next pass sends the turn ("woken"): the announcement only makes it fast.
+
+``deliver_event`` is ``send_event`` with a runtime's parts: it sends the turn it woke at once.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import psycopg
 
-from ..errors import DurableAgentError
-from ..journal import JournalStore, WaitStore, listen_wakes
+from ..errors import ConfigurationError, DurableAgentError
+from ..journal import Database, JournalStore, WaitStore, listen_wakes
+from ..operate.events import EventSent, send_event
+from ..step.agents import AgentBook
 from .doorbell import new_message_id
 
 log = logging.getLogger(__name__)
@@ -86,3 +91,46 @@ class WakerThread:
             log.warning("could not send woken turn %s (the sweeper will): %s", turn_id, error)
         except psycopg.Error as error:
             log.warning("could not send woken turn %s (the sweeper will): %s", turn_id, error)
+
+
+class EventParts(Protocol):
+    """What sending an event uses of a runtime."""
+
+    @property
+    def database(self) -> Database: ...
+
+    @property
+    def journal(self) -> JournalStore: ...
+
+    @property
+    def agents(self) -> AgentBook: ...
+
+    def publish(
+        self, session_id: str, turn_id: str, *, queue: str = "", message_id: str
+    ) -> None: ...
+
+
+def deliver_event(
+    runtime: EventParts, turn_id: str, name: str, payload: Any, event_id: str | None
+) -> EventSent:
+    """``send_event`` on a runtime's parts (the Celery task, ``durable_agent.send_event``, the
+    ``send-event`` command): the event recorded, and the turn it woke sent at once."""
+    waits = WaitStore(runtime.database)
+
+    def events_of(turn_id: str) -> tuple[str, ...] | None:
+        turn = runtime.journal.find_turn(turn_id)
+        try:
+            agent = runtime.agents.get(turn.agent) if turn is not None else None
+        except ConfigurationError:  # this process cannot load the agents: no check here
+            return None
+        return agent.events if agent is not None else None
+
+    return send_event(
+        waits,
+        lambda t: send_woken(waits, runtime.journal, runtime.publish, t),
+        turn_id,
+        name,
+        payload,
+        event_id=event_id,
+        events_of=events_of,
+    )

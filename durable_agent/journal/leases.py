@@ -24,12 +24,20 @@ from .sealing import Where
 log = logging.getLogger(__name__)
 
 
+KEY_WAIT_SECONDS = 30.0
+"""The longest a turn waits for a slot of its concurrency key before the sweeper sends it
+again (a turn of its key that ends wakes the oldest waiting one at once)."""
+
+
 class Leases:
     """Claim, renew, release and end turns, fenced by epoch."""
 
-    def __init__(self, db: Database, *, end_dead_local_claims: bool = True) -> None:
+    def __init__(
+        self, db: Database, *, end_dead_local_claims: bool = True, key_limit: int | None = None
+    ) -> None:
         self.db = db
         self.end_dead_local_claims = end_dead_local_claims
+        self.key_limit = key_limit  # turns of one concurrency key running at once (None: any)
 
     def claim(
         self,
@@ -45,7 +53,7 @@ class Leases:
         by its first claim."""
         row = self._claim(turn_id, owner, lease_seconds, queues, agents)
         if row is None:
-            state = self.db.one("claim_refusal", turn_id=turn_id)
+            state = self.db.one("claim_refusal", turn_id=turn_id, key_limit=self.key_limit)
             if state is None:
                 raise TurnNotFound(turn_id)
             if not (
@@ -57,7 +65,7 @@ class Leases:
                 return _refusal(state, queues)
             row = self._claim(turn_id, owner, lease_seconds, queues, agents)
             if row is None:
-                state = self.db.one("claim_refusal", turn_id=turn_id)
+                state = self.db.one("claim_refusal", turn_id=turn_id, key_limit=self.key_limit)
                 if state is None:
                     raise TurnNotFound(turn_id)
                 return _refusal(state, queues)
@@ -79,7 +87,29 @@ class Leases:
             lease_seconds=lease_seconds,
             queues=queues,
             agents=agents,
+            key_limit=self.key_limit,
         )
+
+    def wait_for_key(self, turn_id: str, delay_seconds: float = KEY_WAIT_SECONDS) -> None:
+        """A turn refused for its concurrency key waits (queued, no claim) until a turn of
+        its key ends (``wake_next_of_key``), or ``delay_seconds`` at most."""
+        self.db.one("wait_for_key", turn_id=turn_id, delay=delay_seconds)
+
+    def admit_new_keyed(self, turn_id: str, wait_seconds: float = KEY_WAIT_SECONDS) -> bool:
+        """A new turn of a concurrency key: send it now (True), or let it wait for a slot,
+        with no message, until a turn of its key ends and wakes it (False). Marked waiting
+        first, so that an end in between wakes it rather than missing it."""
+        self.wait_for_key(turn_id, wait_seconds)
+        if not self.db.value("key_admits", turn_id=turn_id, key_limit=self.key_limit):
+            return False
+        self.db.one("unwait_key", turn_id=turn_id)
+        return True
+
+    def wake_next_of_key(self, turn_id: str) -> tuple[str, str, str] | None:
+        """A turn of some key ended: the oldest turn of that key still queued is due now;
+        (session_id, turn_id, queue) to send it, or None."""
+        row = self.db.one("wake_next_of_key", turn_id=turn_id)
+        return (row["session_id"], row["turn_id"], row["queue"]) if row else None
 
     def end_claim_of_dead_holder(self, turn_id: str, owner: str | None, epoch: int) -> bool:
         """End a live claim at once if its holder is a process of this machine that died."""
@@ -220,6 +250,12 @@ def _refusal(state: Row, queues: list[str] | None) -> Refusal:
     if turn.not_before is not None and _aware(turn.not_before) > now:
         left = (_aware(turn.not_before) - now).total_seconds()
         return Refusal("deferred", f"turn {turn.turn_id} is deferred for {left:.1f}s")
+    if state["key_busy"]:
+        return Refusal(
+            "key_busy",
+            f"turn {turn.turn_id} waits for a slot of its concurrency key "
+            f"{state['concurrency_key']!r} (or an older turn of the key goes first)",
+        )
     # The state moved between the claim and this look.
     return Refusal("leased", f"turn {turn.turn_id} changed hands just now")
 

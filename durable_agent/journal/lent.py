@@ -54,6 +54,7 @@ def record_turn(
     *,
     queue: str = "",
     agent: str = "default",
+    concurrency_key: str | None = None,
     trace_context: str | None = None,
     sealer: Sealer = NO_SEALING,
 ) -> Turn:
@@ -74,6 +75,7 @@ def record_turn(
                 message=sealer.text(message, Where(turn_id, "message")),
                 queue=queue,
                 agent=agent,
+                concurrency_key=concurrency_key,
                 trace_context=trace_context,
             )
         except psycopg.errors.UniqueViolation as error:

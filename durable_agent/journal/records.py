@@ -234,7 +234,9 @@ class Ended(NamedTuple):
     status: str = ""  # as it ended: a turn ending done that was cancelled ends "cancelled"
 
 
-RefusalReason = Literal["finished", "leased", "deferred", "waiting", "elsewhere", "parked"]
+RefusalReason = Literal[
+    "finished", "leased", "deferred", "waiting", "elsewhere", "parked", "key_busy"
+]
 
 
 @dataclass(frozen=True, slots=True)

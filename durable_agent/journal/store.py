@@ -50,10 +50,11 @@ class JournalStore(Listings, Observed):
         *,
         queue: str = "",
         agent: str = "default",
+        concurrency_key: str | None = None,
         trace_context: str | None = None,
     ) -> Turn:
         """Record a new turn of ``agent`` at the end of its session (queued, not yet
-        enqueued); its messages go to ``queue``."""
+        enqueued); its messages go to ``queue``; ``concurrency_key``: see ``claim_turn``."""
         turn_id = turn_id or new_turn_id()
         for _ in range(20):
             try:
@@ -64,6 +65,7 @@ class JournalStore(Listings, Observed):
                     message=self.db.sealer.text(message, Where(turn_id, "message")),
                     queue=queue,
                     agent=agent,
+                    concurrency_key=concurrency_key,
                     trace_context=trace_context,
                 )
                 assert row is not None

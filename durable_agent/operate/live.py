@@ -209,22 +209,32 @@ class Announcements:
 class TurnEvent:
     """What a watcher is told: a finished step (``kind == "step"``), or the end of the turn
     (``kind == "end"``, with the turn as it ended: its status, reply or error, and its
-    spend ledger)."""
+    spend ledger). With ``tokens=True`` also: a piece of a model call's text as it arrives
+    (``"token"``, with the step and the ``attempt``, the claim's epoch), and an attempt that
+    was given up before it finished (``"abandoned"``: forget its text; the step's next
+    attempt, if any, comes from its start)."""
 
     turn_id: str
-    kind: Literal["step", "end"]
+    kind: Literal["step", "end", "token", "abandoned"]
     step: Step | None = None
     turn: Turn | None = None
     # a step of a child turn (ctx.run_agent), told under the parent's step that started it
     parent_turn_id: str | None = None
     parent_step: int | None = None
+    step_number: int | None = None  # of a token or abandoned event
+    attempt: int | None = None
+    text: str = ""
+    cursor: str | None = None  # with tokens: where to go on from (live_tokens.Cursor)
 
     @property
     def id(self) -> str:
-        """The step number, or ``end``: pass the last step's number back as ``after_step``
-        to go on from there (a server-sent events' ``Last-Event-ID``). A child turn's step
-        gives the parent's step before the one that started the child: going on from there
-        tells the child's steps again rather than skip any."""
+        """Where to go on from: without tokens the step number, or ``end``: pass the last
+        step's number back as ``after_step`` (a server-sent events' ``Last-Event-ID``); with
+        tokens a cursor to pass back as ``after``. A child turn's step gives the parent's
+        step before the one that started the child: going on from there tells the child's
+        steps again rather than skip any."""
+        if self.cursor is not None:
+            return self.cursor
         if self.parent_step is not None:
             return str(self.parent_step - 1)
         return str(self.step.step) if self.step is not None else "end"
@@ -237,6 +247,12 @@ class TurnEvent:
                 else {}
             )
             return {"event": "step", "turn_id": self.turn_id, **self.step.as_json(), **under}
+        if self.kind in ("token", "abandoned"):
+            event = {"event": self.kind, "turn_id": self.turn_id, "step": self.step_number}
+            event["attempt"] = self.attempt
+            if self.kind == "token":
+                event["text"] = self.text
+            return event
         assert self.turn is not None
         return {"event": "end", **self.turn.as_json()}
 

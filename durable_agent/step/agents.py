@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError, InvalidArgument
 from ..journal import digest
-from .loop import Loop, ModelCall, TurnContext, TurnInput, loop_name
+from .loop import Api, BudgetBook, Loop, ModelCall, TokenSink, TurnContext, TurnInput, loop_name
+from .responses import responses_loop
 from .tools import Tool, ToolRegistry
 from .waits import agent_tool
 
@@ -70,8 +71,15 @@ class Agent:
         queue: The Celery queue its turns are sent to.
         max_steps: Step cap of its turns.
         parameters: Model parameters sent with every request, e.g. ``{"temperature": 0}``.
-        loop: The function that runs a turn (``Loop``); default: the built-in Chat
-            Completions loop.
+        loop: The function that runs a turn (``Loop``); default: the built-in loop of
+            its ``api``.
+        api: ``"chat"`` (Chat Completions, the default) or ``"responses"`` (the Responses
+            API: reasoning items and function calls are journalled as output items).
+        stream: Whether the built-in loop streams the model's answers to the turn's
+            watchers (default ``DURABLE_AGENT_STREAM``, on).
+        concurrency_key: A function of the session id giving the turn's concurrency key
+            (e.g. the tenant) when ``start_turn`` is given none; see
+            ``DURABLE_AGENT_CONCURRENCY_PER_KEY``.
         events: The names of the events its turns wait for (``ctx.wait_for_event``), if
             you declare them: ``send_event`` then refuses any other name at once, and a
             wait for an undeclared name fails the turn. None (default): any name.
@@ -85,6 +93,9 @@ class Agent:
     max_steps: int | None = None
     parameters: Mapping[str, Any] = field(default_factory=dict)
     loop: Loop | None = None
+    api: Api = "chat"
+    stream: bool | None = None
+    concurrency_key: Callable[[str], str | None] | None = None
     events: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
@@ -124,6 +135,12 @@ class Agent:
         except (TypeError, ValueError) as error:
             raise ConfigurationError(f"{where}: parameters must be JSON values: {error}") from None
         object.__setattr__(self, "parameters", MappingProxyType(dict(self.parameters)))
+        if self.api not in ("chat", "responses"):
+            raise ConfigurationError(f"{where}: api must be 'chat' or 'responses'")
+        if self.stream is not None and not isinstance(self.stream, bool):
+            raise ConfigurationError(f"{where}: stream must be True or False")
+        if self.concurrency_key is not None and not callable(self.concurrency_key):
+            raise ConfigurationError(f"{where}: concurrency_key must be a function of the session")
         if self.events is not None:
             if isinstance(self.events, str) or not all(
                 isinstance(e, str) and e and e.isprintable() and len(e) <= 200 for e in self.events
@@ -147,6 +164,20 @@ class BoundAgent:
     parameters: Mapping[str, Any]
     loop: Loop
     events: tuple[str, ...] | None = None  # the event names its turns wait for (None: any)
+    api: Api = "chat"
+    stream: bool = False
+    concurrency_key: Callable[[str], str | None] | None = None
+
+    def key_for(self, session_id: str) -> str | None:
+        """The concurrency key this agent derives for a new turn of ``session_id``."""
+        if self.concurrency_key is None:
+            return None
+        key = self.concurrency_key(session_id)
+        if key is not None and not isinstance(key, str):
+            raise ConfigurationError(
+                f"agent {self.name!r}: concurrency_key returned {type(key).__name__}, not text"
+            )
+        return key
 
     def spec(self) -> dict[str, Any]:
         """What the agent's digest covers, as recorded on each turn (a copy)."""
@@ -155,8 +186,7 @@ class BoundAgent:
     @cached_property
     def _spec(self) -> dict[str, Any]:
         # built once per worker: the tool schemas come from pydantic, which is slow
-        declared = {"events": sorted(self.events)} if self.events is not None else {}
-        return declared | {
+        spec = {
             "model": self.model,
             "instructions_sha256": digest(self.instructions),
             "parameters": dict(self.parameters),
@@ -167,6 +197,11 @@ class BoundAgent:
                 for t in self.tools
             },
         }
+        if self.api != "chat":  # absent for Chat Completions: older digests stay the same
+            spec["api"] = self.api
+        if self.events is not None:  # absent when not declared: older digests stay the same
+            spec["events"] = sorted(self.events)
+        return spec
 
     @cached_property
     def digest(self) -> str:
@@ -178,6 +213,8 @@ class BoundAgent:
         call_model: ModelCall,
         turn: Turn,
         history: list[tuple[str, str]],
+        tokens: TokenSink | None = None,
+        budgets: BudgetBook | None = None,
     ) -> TurnContext:
         """The context this agent's loop gets for one delivery of ``turn``."""
         return TurnContext(
@@ -189,6 +226,10 @@ class BoundAgent:
             instructions=self.instructions,
             tools=self.tools,
             parameters=self.parameters,
+            api=self.api,
+            streaming=self.stream,
+            tokens=tokens,
+            budgets=budgets,
             events=self.events,
         )
 
@@ -320,7 +361,10 @@ def bind(
         queue=agent.queue or settings.queue,
         max_steps=agent.max_steps or settings.max_steps,
         parameters=agent.parameters,
-        loop=agent.loop or default_loop,
+        loop=agent.loop or (responses_loop if agent.api == "responses" else default_loop),
+        api=agent.api,
+        stream=settings.stream if agent.stream is None else agent.stream,
+        concurrency_key=agent.concurrency_key,
         events=tuple(agent.events) if agent.events is not None else None,
     )
 

@@ -24,7 +24,7 @@ def chat_completions(ctx: TurnContext) -> str:
 
 def _converse(ctx: TurnContext, messages: list[dict[str, Any]]) -> str:
     while True:
-        response = ctx.model({"messages": list(messages)})
+        response = ctx.model({"messages": list(messages)}, stream=ctx.streaming)
         message = response["message"]
         messages.append(message)
         tool_calls = message.get("tool_calls") or []

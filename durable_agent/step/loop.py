@@ -28,9 +28,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from ..errors import InvalidArgument, TurnFailed
+from ..errors import InvalidArgument, ModelRateLimited, TurnFailed
 from .tools import ToolRegistry
 from .waits import (
     SLEEP,
@@ -48,6 +48,45 @@ if TYPE_CHECKING:
 ModelCall = Callable[[dict[str, Any]], dict[str, Any]]
 Loop = Callable[["TurnContext"], str]
 """A loop: gets the turn's context, makes its calls through it, returns the reply text."""
+Api = Literal["chat", "responses"]
+
+
+class StepTokens(Protocol):
+    """Where the text of one attempt of one streamed model call goes as it arrives."""
+
+    def delta(self, text: str) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def abandon(self) -> None: ...
+
+
+class Reservation(Protocol):
+    """A model call's share of its budget (``operate/budgets.py``)."""
+
+    def settle(self, usage: dict[str, Any] | None) -> None: ...
+
+    def rate_limited(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+class ModelBudget(Protocol):
+    def reserve(self, request: dict[str, Any]) -> Reservation: ...
+
+
+class BudgetBook(Protocol):
+    """The fleet's budgets: the one of a model, or None when it has no limit."""
+
+    def for_model(self, model: str) -> ModelBudget | None: ...
+
+
+class TokenSink(Protocol):
+    """The transport of a turn's tokens (``operate/tokens.py``): ``begin(step)`` marks the
+    start of an attempt of that step's model call."""
+
+    def begin(self, step: int) -> StepTokens: ...
+
 
 _SET_BY_CONTEXT = ("tools",)
 
@@ -92,11 +131,19 @@ class TurnContext:
         instructions: str,
         tools: ToolRegistry,
         parameters: Mapping[str, Any] | None = None,
+        api: Api = "chat",
+        streaming: bool = False,
+        tokens: TokenSink | None = None,
+        budgets: BudgetBook | None = None,
         events: tuple[str, ...] | None = None,
     ) -> None:
         self._runner = runner
         self.events = events  # the agent's declared event names (None: any)
         self._call_model = call_model
+        self.api = api
+        self.streaming = streaming  # the built-in loops stream when this is set
+        self._tokens = tokens
+        self._budgets = budgets
         self.turn = turn
         self.agent = agent
         self.model_name = model
@@ -140,22 +187,73 @@ class TurnContext:
 
     # -- the journalled calls ---------------------------------------------------------------
 
-    def model(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """One model call (a step): a Chat Completions request body, completed with the
+    def model(self, request: Mapping[str, Any], *, stream: bool = False) -> dict[str, Any]:
+        """One model call (a step): a Chat Completions request body (``messages``), or for
+        an agent on the Responses API a Responses body (``input``), completed with the
         agent's model name, its parameters (``temperature``...) and its tools where the
         request does not set them (``"tools": []`` sends none). Returns the recorded
         response: ``{"message": {"role": "assistant", "content": ..., "tool_calls": [...]},
-        "finish_reason": ..., "model": ..., "usage": ...}``."""
-        if not isinstance(request, Mapping) or not isinstance(request.get("messages"), list):
-            raise InvalidArgument("ctx.model() takes a request with a 'messages' list")
-        body: dict[str, Any] = {"model": self.model_name, **self.parameters, **dict(request)}
+        "finish_reason": ..., "model": ..., "usage": ...}`` (Responses: also ``output``, the
+        items to append to the next call's input).
+
+        ``stream=True`` streams the answer: its text goes to the turn's watchers as it
+        arrives (``stream_turn(..., tokens=True)``); the journal records the finished answer
+        only, the same as unstreamed."""
+        key = "input" if self.api == "responses" else "messages"
+        if not isinstance(request, Mapping) or not isinstance(request.get(key), list):
+            raise InvalidArgument(f"ctx.model() takes a request with a {key!r} list")
+        body: dict[str, Any] = {"model": self.model_name, **self.parameters}
+        if self.api == "responses":
+            body["store"] = False  # the journal holds the conversation, not the provider
+            if self.instructions:
+                body["instructions"] = self.instructions
+            if "reasoning" in self.parameters:  # reasoning items must come back whole
+                body["include"] = ["reasoning.encrypted_content"]
+        body.update(request)
         if "tools" not in request:
             schemas = self.tool_schemas()
             if schemas:
-                body["tools"] = schemas
+                body["tools"] = function_tools(schemas) if self.api == "responses" else schemas
         elif not body["tools"]:
             del body["tools"]  # OpenAI refuses an empty tools list
-        return self._runner.model_step(body, self._call_model)
+        call = self._call_model
+        if stream:
+            body["stream"] = True
+            if self._tokens is not None and getattr(call, "streams", False):
+                call = self._streamed(self._runner.next_step, self._tokens)
+        budget = self._budget_of(body)
+        if budget is None:
+            return self._runner.model_step(body, call)
+        # before the intent is written: a call that waits for budget has not started
+        reservation = budget.reserve(body)
+        try:
+            return self._runner.model_step(body, _settled(call, reservation))
+        finally:
+            reservation.release()  # nothing when settled: the call was never made
+
+    def _budget_of(self, body: dict[str, Any]) -> ModelBudget | None:
+        """The budget this call is taken from (None: no budget, or a step read back)."""
+        if self._budgets is None:
+            return None
+        row = self._runner.recorded.get(self._runner.next_step)
+        if row is not None and row.status == "done":
+            return None
+        return self._budgets.for_model(str(body.get("model")))
+
+    def _streamed(self, step: int, tokens: TokenSink) -> ModelCall:
+        call_model: Callable[..., dict[str, Any]] = self._call_model
+
+        def call(body: dict[str, Any]) -> dict[str, Any]:
+            attempt = tokens.begin(step)  # only a call that runs: a read-back one is whole
+            try:
+                response = call_model(body, on_delta=attempt.delta)
+            except BaseException:
+                attempt.abandon()
+                raise
+            attempt.finish()
+            return response
+
+        return call
 
     def tool(
         self,
@@ -211,6 +309,25 @@ class TurnContext:
         if not isinstance(name, str):
             raise InvalidArgument("ctx.run_agent() takes an Agent or an agent's name")
         return child_reply(self._runner.wait_step(f"agent:{name}", child_spec(name, message)))
+
+
+def function_tools(chat_schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat Completions tool schemas in the Responses form (the function's fields one
+    level up)."""
+    return [{"type": "function", **schema["function"]} for schema in chat_schemas]
+
+
+def _settled(call: ModelCall, reservation: Reservation) -> ModelCall:
+    def budgeted(body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            response = call(body)
+        except ModelRateLimited:
+            reservation.rate_limited()  # the provider says the fleet went too fast
+            raise
+        reservation.settle(response.get("usage"))
+        return response
+
+    return budgeted
 
 
 def run_loop(loop: Loop, ctx: TurnContext) -> str:

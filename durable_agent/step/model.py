@@ -1,4 +1,5 @@
-"""The model: Chat Completions with tools through the ``openai`` SDK, any compatible server.
+"""The model: Chat Completions (or the Responses API, ``responses.py``) with tools through the
+``openai`` SDK, any compatible server; streamed when the request asks (``model_stream.py``).
 
 What each answer of the endpoint leads to:
 
@@ -28,11 +29,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import openai
 
-from ..errors import ConfigurationError, ModelUnavailable, TurnFailed
+from ..errors import ConfigurationError, ModelRateLimited, ModelUnavailable, TurnFailed
 from ..redact import redact
 from ..settings import Settings
+from .model_stream import DeltaSink, StreamedAnswer, with_usage
+from .responses import call_responses
 
 _RETRYABLE_STATUSES = frozenset({408, 409, 429})
 _CONFIGURATION = {
@@ -45,7 +49,11 @@ _CONFIGURATION = {
 
 
 class ModelClient:
-    """Sends one Chat Completions request and returns the plain-data response we journal."""
+    """Sends one model request and returns the plain-data response we journal: a request
+    with ``input`` goes to the Responses API, one with ``messages`` to Chat Completions;
+    ``"stream": true`` streams it, each piece of text given to ``on_delta``."""
+
+    streams = True  # TurnContext hands it an on_delta
 
     def __init__(self, settings: Settings) -> None:
         self.base_url = settings.openai_base_url
@@ -68,9 +76,19 @@ class ModelClient:
     def where(self) -> str:
         return self._where
 
-    def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+    def __call__(
+        self, request: dict[str, Any], on_delta: DeltaSink | None = None
+    ) -> dict[str, Any]:
         self.calls += 1
         try:
+            if "input" in request:
+                return call_responses(self.client, request, on_delta, self.where)
+            if request.get("stream"):
+                stream = self.client.chat.completions.create(**with_usage(request))
+                with stream:
+                    answer = StreamedAnswer().read(stream, on_delta)
+                content, calls, finish = answer.parts(self.where)
+                return _checked(content, calls, finish, answer.model, answer.usage, self.where)
             response = self.client.chat.completions.create(**request)
         except openai.APIStatusError as error:
             raise _status_error(error) from error
@@ -83,6 +101,11 @@ class ModelClient:
                 f"the model API at {self.where} answered 200 with a body that is not a "
                 f"completion ({type(error).__name__}: {redact(str(error))[:200]})"
             ) from error
+        except httpx.HTTPError as error:  # a stream whose connection dropped halfway
+            raise ModelUnavailable(
+                f"the stream from the model API at {self.where} broke off: "
+                f"{type(error).__name__}: {redact(str(error))[:200]}"
+            ) from error
         return _journal_form(response, self.where)
 
 
@@ -91,6 +114,8 @@ def _status_error(error: openai.APIStatusError) -> Exception:
     text = redact(_message(error))
     if status in _CONFIGURATION:
         return TurnFailed(f"{_CONFIGURATION[status]}: {status} {text}")
+    if status == 429:
+        return ModelRateLimited(f"the model API answered 429: {text}")
     if status in _RETRYABLE_STATUSES or status >= 500:
         return ModelUnavailable(f"the model API answered {status}: {text}")
     return TurnFailed(f"the model API rejected the request ({status}): {text}")
@@ -107,24 +132,34 @@ def _journal_form(response: Any, where: str) -> dict[str, Any]:
     if not choices:
         raise ModelUnavailable(f"the model API at {where} returned no choices")
     choice = choices[0]
-    message: dict[str, Any] = {"role": "assistant", "content": choice.message.content}
-    calls = choice.message.tool_calls or []
+    calls = [_tool_call(call) for call in choice.message.tool_calls or []]
+    usage = response.usage.model_dump() if response.usage else None
+    return _checked(
+        choice.message.content, calls, choice.finish_reason, response.model, usage, where
+    )
+
+
+def _checked(
+    content: str | None,
+    calls: list[dict[str, Any]],
+    finish_reason: str | None,
+    model: str | None,
+    usage: dict[str, Any] | None,
+    where: str,
+) -> dict[str, Any]:
+    """The journal form of an answer, or TurnFailed/ModelUnavailable for one we cannot use."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
-        message["tool_calls"] = [_tool_call(call) for call in calls]
-    elif not choice.message.content:
-        if choice.finish_reason == "content_filter":
+        message["tool_calls"] = calls
+    elif not content:
+        if finish_reason == "content_filter":
             raise TurnFailed("the model's answer was withheld by its content filter")
-        if choice.finish_reason == "length":
+        if finish_reason == "length":
             raise TurnFailed("the model reached its token limit before it answered anything")
         raise ModelUnavailable(
             f"the model API at {where} returned a message with neither content nor tool calls"
         )
-    return {
-        "message": message,
-        "finish_reason": choice.finish_reason,
-        "model": response.model,
-        "usage": response.usage.model_dump() if response.usage else None,
-    }
+    return {"message": message, "finish_reason": finish_reason, "model": model, "usage": usage}
 
 
 def _tool_call(call: Any) -> dict[str, Any]:
@@ -147,10 +182,13 @@ class ModelSwitchedOff:
     def __init__(self) -> None:
         self.calls = 0
 
-    def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+    def __call__(
+        self, request: dict[str, Any], on_delta: DeltaSink | None = None
+    ) -> dict[str, Any]:
         self.calls += 1
+        conversation = request.get("messages", request.get("input")) or []
         raise TurnFailed(
-            f"replay needed a model call ({len(request['messages'])} messages): "
+            f"replay needed a model call ({len(conversation)} messages): "
             "the journal has no finished model call for this step"
         )
 

@@ -117,10 +117,12 @@ class StepRunner:
         self, request: dict[str, Any], call: Callable[[dict[str, Any]], dict[str, Any]]
     ) -> dict[str, Any]:
         step = self._take_step()
+        # Chat Completions' messages, or the Responses API's input items
+        conversation = request["messages"] if "messages" in request else request["input"]
         intent = {
             "model": request.get("model"),
-            "messages": len(request["messages"]),
-            "messages_sha256": self._conversation.of(request["messages"]),
+            "messages": len(conversation),
+            "messages_sha256": self._conversation.of(conversation),
             "tools_sha256": self._tools_sha256(request.get("tools") or []),
         }
         row = self._recorded(step, "model", MODEL_STEP_NAME)

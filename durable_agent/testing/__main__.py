@@ -40,7 +40,7 @@ from durable_agent.testing.inbox import SmtpInbox
 from durable_agent.testing.model_server import Policy, ScriptedModelServer, policy_problem
 from durable_agent.testing.payments import DEFAULT_ORDERS, PaymentsSandbox
 from durable_agent.testing.policies import POLICIES
-from durable_agent.usage import OneLineParser, port
+from durable_agent.usage import OneLineParser, port, seconds
 
 __all__ = ["ServerProcess", "build_parser", "main"]
 
@@ -73,6 +73,13 @@ def _policy(text: str) -> tuple[str, Policy]:
     return text, found
 
 
+def _tokens(text: str) -> int:
+    """An argument type: a whole number of tokens, at least 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"not a whole number of tokens >= 1: {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser."""
     parser = OneLineParser(
@@ -90,6 +97,21 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--host", default=LOOPBACK, help="address to listen on (127.0.0.1)")
     model.add_argument("--port", type=port, default=0)
     model.add_argument("--model", default="scripted-model", help="model name to report")
+    model.add_argument(
+        "--chunk-seconds",
+        type=seconds(0.0, 60.0),
+        default=0.0,
+        help="seconds between two events of a streamed answer (default 0)",
+    )
+    model.add_argument(
+        "--reasoning", action="store_true", help="put a reasoning item first in each Response"
+    )
+    model.add_argument(
+        "--tpm",
+        type=_tokens,
+        default=None,
+        help="answer 429 past this many tokens in a sliding minute, as a provider does",
+    )
 
     inbox = kinds.add_parser("inbox", help="SMTP inbox with a JSON API")
     inbox.add_argument("--host", default=LOOPBACK, help="address to listen on (127.0.0.1)")
@@ -116,6 +138,8 @@ def _start(args: argparse.Namespace, stack: ExitStack) -> dict[str, Any]:
         model = stack.enter_context(
             ScriptedModelServer(policy, model=args.model, host=args.host, port=args.port)
         )
+        model.chunk_seconds, model.reasoning = args.chunk_seconds, args.reasoning
+        model.tpm_limit = args.tpm
         return {"base_url": model.base_url, "port": model.port, "policy": name}
     if args.kind == "inbox":
         inbox = stack.enter_context(

@@ -11,6 +11,7 @@ import json
 import socketserver
 import sys
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -45,12 +46,15 @@ class HttpRequest:
 @dataclass(frozen=True)
 class HttpResponse:
     """A JSON response: status code, JSON-serialisable payload and extra headers; ``raw``
-    sends those bytes as they are instead (with the Content-Type of ``headers``)."""
+    sends those bytes as they are instead (with the Content-Type of ``headers``); ``chunks``
+    sends each piece as it comes, flushed, and closes the connection after the last (a
+    server-sent events stream)."""
 
     status: int
     payload: Any
     headers: dict[str, str] = field(default_factory=dict)
     raw: bytes | None = None
+    chunks: Iterable[bytes] | None = None
 
 
 class RequestGate:
@@ -140,6 +144,7 @@ class _Handler(BaseHTTPRequestHandler):
     """Turns raw HTTP into `HttpRequest`/`HttpResponse` for the owning service."""
 
     protocol_version = "HTTP/1.0"  # one request per connection: nothing idles at stop()
+    disable_nagle_algorithm = True  # a streamed piece leaves at once, as from a real server
     timeout = 30  # a client that connects and never sends cannot pin a thread forever
     server_version = "durable-agent-testing"
     sys_version = ""
@@ -175,6 +180,9 @@ class _Handler(BaseHTTPRequestHandler):
             response = service.handle(request)
         except Exception as exc:  # a bug in a handler must not look like a hung server
             response = service.internal_error(exc)
+        if response.chunks is not None:
+            self._send_chunks(response)
+            return
         data = response.raw if response.raw is not None else json.dumps(response.payload).encode()
         headers = {"Content-Type": "application/json", **response.headers}
         self.send_response(response.status)
@@ -183,6 +191,19 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
+
+    def _send_chunks(self, response: HttpResponse) -> None:
+        # HTTP/1.0 without a Content-Length: the end of the body is the end of the connection
+        self.send_response(response.status)
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        for name, value in {**headers, **response.headers}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.flush()
+        assert response.chunks is not None
+        for chunk in response.chunks:
+            self.wfile.write(chunk)
+            self.wfile.flush()
 
 
 class _Server(ThreadingHTTPServer):

@@ -16,12 +16,24 @@ import hashlib
 import inspect
 import json
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from durable_agent.testing.completions import (
+    MALFORMED,
+    _completion,
+    _Fault,
+    _malformed,
+    _normalise_message,
+    _openai_error,
+    canonical_request,
+    reply,
+)
 from durable_agent.testing.http import LOOPBACK, HttpRequest, HttpResponse, LoopbackHttpService
+from durable_agent.testing.model_stream import StreamGate, chat_chunks
+from durable_agent.testing.responses_api import chat_view, response_events, response_object
 
 __all__ = [
     "Policy",
@@ -76,11 +88,6 @@ def policy_problem(policy: object) -> str | None:
 # --------------------------------------------------------------------------------------
 
 
-def reply(content: str) -> JsonDict:
-    """A final assistant message with text and no tool calls."""
-    return {"role": "assistant", "content": content}
-
-
 def tool_call(name: str, args: JsonDict | None = None, *, call_id: str | None = None) -> JsonDict:
     """One tool call in OpenAI form, for `call_tools()`.
 
@@ -119,62 +126,24 @@ def call_tool(
 # --------------------------------------------------------------------------------------
 
 
-def canonical_request(body: JsonDict) -> str:
-    """The canonical text of a request: its model, messages and tools as sorted compact JSON.
-
-    Two requests with the same canonical text are the same model call; everything else in the
-    body (temperature, headers, ...) is ignored.
-    """
-    key = {"model": body.get("model"), "messages": body.get("messages"), "tools": body.get("tools")}
-    return json.dumps(key, sort_keys=True, separators=(",", ":"))
-
-
 def request_digest(body: JsonDict) -> str:
     """SHA-256 hex digest of `canonical_request(body)`."""
     return hashlib.sha256(canonical_request(body).encode("utf-8")).hexdigest()
 
 
-@dataclass(frozen=True)
-class _Fault:
-    status: int
-    retry_after: float | None
-    kind: str = "error"
-
-
-MALFORMED = {
-    "html": "a 200 whose body is an HTML page (a proxy's error page)",
-    "truncated": "a 200 whose JSON body is cut off",
-    "empty-message": "a completion whose message has no content and no tool calls",
-    "no-choices": "a completion with an empty choices list",
-    "custom-tool-call": "a completion calling a tool of type 'custom'",
-}
-"""What `answer_next_malformed(kind)` can send instead of a proper completion."""
-
-
-_ERROR_TYPES = {
-    400: ("invalid_request_error", None),
-    401: ("invalid_request_error", "invalid_api_key"),
-    404: ("invalid_request_error", "not_found"),
-    408: ("timeout", None),
-    429: ("rate_limit_error", "rate_limit_exceeded"),
-}
-
-
-def _openai_error(
-    status: int, message: str, *, headers: dict[str, str] | None = None
-) -> HttpResponse:
-    error_type, code = _ERROR_TYPES.get(status, ("server_error", None))
-    payload = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
-    return HttpResponse(status, payload, headers or {})
-
-
 class ScriptedModelServer(LoopbackHttpService):
     """An OpenAI-compatible Chat Completions server whose answers come from a policy.
 
-    Endpoints: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /_stats`` (counts as
-    JSON, for tests in other processes) and ``POST /_reset``. Control endpoints for a server
-    in another process: ``POST /_fail`` ``{"n", "status"}``, ``POST /_hold``, ``POST
-    /_release`` and ``POST /_delay`` ``{"seconds"}``.
+    Endpoints: ``POST /v1/chat/completions`` and ``POST /v1/responses`` (both also streamed,
+    as server-sent events, when asked: see ``model_stream.py``), ``GET /v1/models``, ``GET
+    /_stats`` (counts as JSON, for tests in other processes) and ``POST /_reset``. Control
+    endpoints for a server in another process: ``POST /_fail`` ``{"n", "status"}``, ``POST
+    /_hold``, ``POST /_release``, ``POST /_delay`` ``{"seconds", "chunk_seconds"}`` and
+    ``POST /_limit`` ``{"tpm"}`` (answer 429 past that many tokens a minute, as a provider does).
+
+    Streams: ``chunk_seconds`` between two events, ``piece_chars`` characters of text a
+    piece; ``hold_stream(after)`` stops every stream after that many pieces until
+    ``release()``. ``reasoning=True`` puts a reasoning item first in each Response.
 
     Every well-formed chat completion request is recorded when it arrives, including those
     answered with an injected fault (so a client retry shows up as a repeated request).
@@ -192,6 +161,14 @@ class ScriptedModelServer(LoopbackHttpService):
         self.policy = policy
         self.model = model
         self.delay_seconds: float = 0.0
+        self.chunk_seconds: float = 0.0
+        self.piece_chars: int = 4
+        self.reasoning = False
+        self.stream_gate = StreamGate()
+        self.streams = 0  # how many answers were streamed
+        self.tpm_limit: int | None = None  # tokens a minute before answering 429
+        self._spent: deque[tuple[float, int]] = deque()  # (when, tokens) within the minute
+        self.rate_limited = 0  # how many 429s the limit sent
         self.fail_message: str | None = None  # the error text of injected failures
         self._lock = threading.Lock()
         self._requests: list[JsonDict] = []
@@ -288,8 +265,22 @@ class ScriptedModelServer(LoopbackHttpService):
         self.gate.hold()
 
     def release(self) -> None:
-        """Let held requests proceed and stop holding new ones."""
+        """Let held requests and streams proceed and stop holding new ones."""
         self.gate.release()
+        self.stream_gate.release()
+
+    def hold_stream(self, after: int = 1) -> None:
+        """Stop every stream in flight after ``after`` pieces of text until ``release()``."""
+        self.stream_gate.hold(after)
+
+    def wait_for_held_stream(self, n: int = 1, timeout: float = 5.0) -> None:
+        """Return once ``n`` streams are held by ``hold_stream()``."""
+        self.stream_gate.wait_for_waiting(n, timeout)
+
+    def stop(self) -> None:
+        self.stream_gate.close()
+        super().stop()
+        self.stream_gate.open()
 
     def wait_for_waiting(self, n: int = 1, timeout: float = 5.0) -> None:
         """Return once `n` requests are blocked by `hold()`; raise `TimeoutError` otherwise."""
@@ -306,6 +297,8 @@ class ScriptedModelServer(LoopbackHttpService):
         route = (request.method, request.path.rstrip("/"))
         if route == ("POST", "/v1/chat/completions"):
             return self._chat_completion(request)
+        if route == ("POST", "/v1/responses"):
+            return self._chat_completion(request, responses=True)
         if route == ("GET", "/v1/models"):
             model = {"id": self.model, "object": "model", "created": 0, "owned_by": "testing"}
             return HttpResponse(200, {"object": "list", "data": [model]})
@@ -330,23 +323,32 @@ class ScriptedModelServer(LoopbackHttpService):
             self.hold()
         elif path == "/_release":
             self.release()
+        elif path == "/_limit":
+            tpm = args.get("tpm")
+            self.tpm_limit = None if tpm is None else int(tpm)
         else:  # /_delay
             self.delay_seconds = float(args.get("seconds", 0.0))
+            self.chunk_seconds = float(args.get("chunk_seconds", self.chunk_seconds))
         return HttpResponse(200, self.stats())
 
-    def _chat_completion(self, request: HttpRequest) -> HttpResponse:
+    def _chat_completion(self, request: HttpRequest, *, responses: bool = False) -> HttpResponse:
         try:
             body = request.json()
         except (ValueError, UnicodeDecodeError):
             return _openai_error(400, "The request body is not valid JSON.")
         if not isinstance(body, dict):
             return _openai_error(400, "The request body must be a JSON object.")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            return _openai_error(400, "'messages' is required and must be a non-empty array.")
-        if body.get("stream"):
-            return _openai_error(400, "ScriptedModelServer does not support streaming.")
-        body.setdefault("model", self.model)
+        if responses:
+            if not isinstance(body.get("input"), list | str) or not body["input"]:
+                return _openai_error(400, "'input' is required and must be text or an array.")
+            body.setdefault("model", self.model)
+            view = chat_view(body)
+        else:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                return _openai_error(400, "'messages' is required and must be a non-empty array.")
+            body.setdefault("model", self.model)
+            view = body
         digest = request_digest(body)
         with self._lock:
             self._requests.append(body)
@@ -356,8 +358,10 @@ class ScriptedModelServer(LoopbackHttpService):
         self.gate.pass_through()
         self.gate.pause(self.delay_seconds)
 
+        if fault is None and self._over_limit(body):
+            fault = _Fault(429, 0.5)
         if fault is not None and fault.kind != "error":
-            return _malformed(fault.kind, body, digest)
+            return _malformed(fault.kind, view, digest, stream=bool(body.get("stream")))
         if fault is not None:
             headers = {}
             if fault.retry_after is not None:
@@ -367,88 +371,60 @@ class ScriptedModelServer(LoopbackHttpService):
                 self.fail_message or f"Injected failure ({fault.status}).",
                 headers=headers,
             )
-        answer = self.policy(json.loads(json.dumps(body)))
-        message = _normalise_message(answer, len(messages))
-        completion = _completion(body, message, digest)
+        answer = self.policy(json.loads(json.dumps(view)))
+        message = _normalise_message(answer, len(view["messages"]))
+        completion = _completion(view, message, digest)
+        if responses:
+            completion = response_object(
+                body, message, digest, completion["usage"], reasoning=self.reasoning
+            )
+        self._spend(completion)
+        if not body.get("stream"):
+            return HttpResponse(200, completion)
         with self._lock:
-            self._usage.append(completion["usage"])
-        return HttpResponse(200, completion)
+            self.streams += 1
+        if responses:
+            events = response_events(
+                completion, piece_chars=self.piece_chars, pause=self._pause, gate=self.stream_gate
+            )
+        else:
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            events = chat_chunks(
+                completion,
+                include_usage=include_usage,
+                piece_chars=self.piece_chars,
+                pause=self._pause,
+                gate=self.stream_gate,
+            )
+        return HttpResponse(200, None, chunks=events)
+
+    def _pause(self) -> None:
+        self.gate.pause(self.chunk_seconds)
+
+    def _spend(self, completion: JsonDict) -> None:
+        usage = completion["usage"]
+        billed = {
+            "prompt_tokens": usage.get("prompt_tokens", usage.get("input_tokens", 0)),
+            "completion_tokens": usage.get("completion_tokens", usage.get("output_tokens", 0)),
+        }
+        with self._lock:
+            self._usage.append(billed)
+            self._spent.append((time.monotonic(), sum(billed.values())))
+
+    def _over_limit(self, body: JsonDict) -> bool:
+        """Whether this request would take the last minute's tokens past ``tpm_limit`` (its
+        prompt counted as it will be billed, its answer not yet known)."""
+        if self.tpm_limit is None:
+            return False
+        now = time.monotonic()
+        prompt = max(1, len(canonical_request(body)) // 4)
+        with self._lock:
+            while self._spent and now - self._spent[0][0] >= 60.0:
+                self._spent.popleft()
+            if sum(tokens for _, tokens in self._spent) + prompt > self.tpm_limit:
+                self.rate_limited += 1
+                return True
+        return False
 
 
-def _malformed(kind: str, body: JsonDict, digest: str) -> HttpResponse:
-    if kind == "html":
-        page = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
-        return HttpResponse(200, None, {"Content-Type": "text/html"}, raw=page)
-    if kind == "truncated":
-        whole = json.dumps(_completion(body, {"role": "assistant", "content": "x"}, digest))
-        return HttpResponse(200, None, raw=whole[: len(whole) // 2].encode())
-    if kind == "no-choices":
-        return HttpResponse(200, {**_completion(body, reply(""), digest), "choices": []})
-    if kind == "custom-tool-call":
-        call = {"id": "call_custom", "type": "custom", "custom": {"name": "x", "input": "y"}}
-        message = {"role": "assistant", "content": None, "tool_calls": [call]}
-        return HttpResponse(200, _completion(body, message, digest))
-    return HttpResponse(200, _completion(body, {"role": "assistant", "content": None}, digest))
-
-
-_CONTROL_PATHS = frozenset({"/_reset", "/_fail", "/_hold", "/_release", "/_delay"})
-
-
-def _normalise_message(answer: Any, n_messages: int) -> JsonDict:
-    """Validate a policy's answer and fill in deterministic tool call ids."""
-    if not isinstance(answer, dict):
-        raise TypeError(f"policy must return a dict, got {type(answer).__name__}")
-    content = answer.get("content")
-    if content is not None and not isinstance(content, str):
-        raise TypeError("policy answer 'content' must be a string or None")
-    message: JsonDict = {"role": "assistant", "content": content}
-    calls = answer.get("tool_calls") or []
-    if calls:
-        message["tool_calls"] = [
-            _normalise_call(call, f"call_{n_messages}_{index}") for index, call in enumerate(calls)
-        ]
-    elif content is None:
-        raise ValueError("policy answer needs 'content' or 'tool_calls'")
-    return message
-
-
-def _normalise_call(call: JsonDict, default_id: str) -> JsonDict:
-    function = call.get("function") or {}
-    name = function.get("name")
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"tool call without a function name: {call!r}")
-    arguments = function.get("arguments", "{}")
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments, separators=(",", ":"))
-    return {
-        "id": call.get("id") or default_id,
-        "type": "function",
-        "function": {"name": name, "arguments": arguments},
-    }
-
-
-def _completion(body: JsonDict, message: JsonDict, digest: str) -> JsonDict:
-    """Build a ChatCompletion whose every byte is a function of the request. Its ``usage``
-    counts about four characters a token, as OpenAI's tokenizers do for English: the
-    canonical request for the prompt, the message for the completion."""
-    prompt_tokens = max(1, len(canonical_request(body)) // 4)
-    completion_tokens = max(1, len(json.dumps(message)) // 4)
-    return {
-        "id": f"chatcmpl-{digest[:24]}",
-        "object": "chat.completion",
-        "created": 0,
-        "model": body["model"],
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
-                "logprobs": None,
-            }
-        ],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }
+_CONTROL_PATHS = frozenset({"/_reset", "/_fail", "/_hold", "/_release", "/_delay", "/_limit"})

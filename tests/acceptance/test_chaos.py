@@ -397,6 +397,7 @@ def _schedule(rng: random.Random) -> list[tuple[float, str, int]]:
     return sorted(events)
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_turns_survive_killed_workers_a_lost_broker_and_a_database_restart(
     chaos: Chaos,

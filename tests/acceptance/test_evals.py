@@ -27,6 +27,7 @@ def run_cli(settings: Settings, *args: str, timeout: float = 300) -> subprocess.
     )
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_crash_matrix_meets_its_targets(settings: Settings, tmp_path: Path) -> None:
     """Every step, both crash points: no finished model call repeated, one email, same reply."""
@@ -111,6 +112,7 @@ def test_replay_reproduces_a_turn_without_the_model(settings: Settings, tmp_path
     assert "diverged" in diverged.stdout and "at step 0" in diverged.stdout
 
 
+@pytest.mark.long
 def test_heed_note_scripted_and_careless(settings: Settings, tmp_path: Path) -> None:
     """The scripted model checks before refunding again; the careless one does not, and the
     idempotency key still collapses its retry into one refund."""
@@ -141,6 +143,7 @@ def test_heed_note_scripted_and_careless(settings: Settings, tmp_path: Path) -> 
     assert report["runs"][0]["refunds_executed"] == 1
 
 
+@pytest.mark.long
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("pool", ["solo", "prefork"])
 def test_two_workers_eval(settings: Settings, tmp_path: Path, pool: str) -> None:

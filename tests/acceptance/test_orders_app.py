@@ -101,3 +101,112 @@ def test_a_crash_between_commit_and_doorbell_is_recovered_by_the_sweeper(
     assert done.reply == stack.clean_reply
     assert stack.subjects() == [stack.subject]
     assert "never enqueued" in "".join(w.log_text() for w in stack.workers)
+
+
+def test_the_streaming_chat_endpoint_served_by_uvicorn_to_a_real_http_client(
+    stack: Stack, spawn: Spawn
+) -> None:
+    """``uvicorn`` serves the app; ``httpx`` posts a message to ``/chat`` and reads the
+    server-sent events: the answer's text as it is written, hangs up after three pieces
+    (the stream held after four), comes back with ``Last-Event-ID`` and gets the rest, nothing
+    twice, then the steps and the end with the reply."""
+    import socket
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    stack.model.hold_stream(after=4)
+    spawn(pool="prefork", concurrency=1)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--factory",
+            "--port",
+            str(port),
+            "durable_agent_examples.orders_app:create_app",
+        ],
+        env={**os.environ, **settings_env(stack.settings)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for_http(url, server)
+        first: list[tuple[str, str, dict[str, object]]] = []
+        with httpx.Client(timeout=60) as client:
+            body = {"session_id": "s-chat", "message": stack.message}
+            with client.stream("POST", f"{url}/chat", json=body) as response:
+                assert response.status_code == 200
+                assert response.headers["content-type"].startswith("text/event-stream")
+                for event in _events(response):
+                    first.append(event)
+                    if sum(e[1] == "token" for e in first) == 3:
+                        break  # the connection drops
+            stack.model.wait_for_held_stream(1, timeout=30)
+            turn_id = str(first[0][2]["turn_id"])
+            headers = {"Last-Event-ID": first[-1][0]}
+            with client.stream("GET", f"{url}/chat/{turn_id}/events", headers=headers) as again:
+                assert again.status_code == 200
+                events = _events(again)
+                rest = [next(events), next(events)]  # the turn's id, then the fourth piece
+                assert rest[1][1] == "token", rest  # written before the hold
+                stack.model.release()
+                rest.extend(events)
+            gone = client.get(f"{url}/chat/{turn_id}/events", headers={"Last-Event-ID": "end"})
+            assert gone.status_code == 204
+            unknown = client.get(f"{url}/chat/turn_nope/events")
+            assert unknown.status_code == 404
+            bad = client.get(f"{url}/chat/{turn_id}/events", headers={"Last-Event-ID": "x/y"})
+            assert bad.status_code == 400
+    finally:
+        stack.model.release()
+        server.terminate()
+        server.wait(10)
+        if server.stderr is not None:
+            server.stderr.close()
+    events = first[1:] + rest[1:]  # each connection starts with the turn's id
+    report = stack.report(turn_id)
+    kinds = [e[1] for e in events]
+    assert kinds[:4] == ["step"] * 4 and kinds[-2:] == ["step", "end"], (kinds, report)
+    assert set(kinds[4:-2]) == {"token"}, (kinds, report)
+    text = "".join(str(e[2]["text"]) for e in events if e[1] == "token")
+    assert text == stack.clean_reply, report
+    assert events[-1][2]["reply"] == stack.clean_reply
+    ids = [e[0] for e in events]
+    assert len(ids) == len(set(ids))
+
+
+def _wait_for_http(url: str, server: subprocess.Popen[str]) -> None:
+    import httpx
+
+    from durable_agent.testing.harness import wait_until
+
+    def up() -> bool:
+        if server.poll() is not None:
+            raise AssertionError(f"uvicorn exited: {server.stderr.read() if server.stderr else ''}")
+        try:
+            return httpx.get(f"{url}/docs", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, 30, "uvicorn to serve the app")
+
+
+def _events(response: object) -> Iterator[tuple[str, str, dict[str, object]]]:
+    """(id, event, data) of each server-sent event of an httpx streamed response."""
+    import json
+
+    fields: dict[str, str] = {}
+    for line in response.iter_lines():  # type: ignore[attr-defined]
+        if line:
+            name, _, value = line.partition(": ")
+            fields[name] = value
+            continue
+        if fields:
+            yield fields.get("id", ""), fields["event"], json.loads(fields["data"])
+            fields = {}

@@ -77,6 +77,7 @@ def test_a_broker_blip_does_not_cut_a_turn_inside_send_email(
     assert worker.alive(), report
 
 
+@pytest.mark.long
 def test_a_postgres_outage_is_waited_out_and_counts_no_crash(
     stack: Stack, spawn: Spawn, own_postgres: EmbeddedServices
 ) -> None:
@@ -214,6 +215,7 @@ def _answers(url: str) -> bool:
         client.close()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("pool", ["solo", "prefork"])
 def test_a_never_call_that_ran_through_a_postgres_outage_keeps_its_outcome(
     stack: Stack, spawn: Spawn, own_postgres: EmbeddedServices, pool: str

@@ -9,6 +9,8 @@ import signal
 import uuid
 from typing import TYPE_CHECKING
 
+import pytest
+
 from durable_agent import start_turn
 from durable_agent.testing.harness import wait_until
 
@@ -38,6 +40,7 @@ def test_one_armed_crash_is_one_crash_and_the_replacement_child_takes_turns(
     assert worker.alive(), stack.logs()
 
 
+@pytest.mark.long
 def test_twenty_killed_children_leave_every_slot_taking_turns(stack: Stack, spawn: Spawn) -> None:
     """SIGKILL a pool child twenty times, each time after Celery replaced the last one, with
     the sweeper running every 50 ms; then three turns held at the model at once show that

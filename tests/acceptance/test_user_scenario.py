@@ -20,6 +20,7 @@ from durable_agent.testing.harness import settings_env
 VOUCHER_POINTS = [(3, "before_run"), (3, "after_run")]
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 def test_user_scenario_through_the_cli(settings: Settings, user_app: Path, tmp_path: Path) -> None:
     """`durable-agent eval crash-matrix --scenario giftshop.scenarios:vouchers`, from the

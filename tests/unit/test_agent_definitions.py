@@ -97,3 +97,48 @@ def test_a_worker_serves_every_agent_of_its_queues() -> None:
         AgentBook(agents, serve=["z"])
     with pytest.raises(InvalidArgument, match="no agent named 'z'"):
         AgentBook(agents)["z"]
+
+
+def test_an_agent_on_the_responses_api_runs_its_loop_and_says_so_in_its_digest() -> None:
+    from durable_agent.step.responses import responses_loop
+
+    registry = ToolRegistry([read])
+    settings = Settings(stream=False)
+    chat = bind(Agent("chatty"), settings, registry, chat_completions)
+    responses = bind(Agent("reasoner", api="responses"), settings, registry, chat_completions)
+    assert (chat.loop, chat.api, chat.stream) == (chat_completions, "chat", False)
+    assert (responses.loop, responses.api) == (responses_loop, "responses")
+    assert "api" not in chat.spec()  # a Chat Completions agent's digest is as before
+    assert responses.spec()["api"] == "responses"
+    assert "loop" in " ".join(changes(chat.spec(), responses.spec()))
+    assert bind(Agent("s", stream=True), settings, registry, chat_completions).stream is True
+
+
+def test_an_agent_derives_the_concurrency_key_of_a_turn_from_its_session() -> None:
+    agent = bind(
+        Agent("tenanted", concurrency_key=lambda session: session.split(":")[0]),
+        Settings(),
+        ToolRegistry([read]),
+        chat_completions,
+    )
+    assert agent.key_for("acme:42") == "acme"
+    odd = bind(
+        Agent("odd", concurrency_key=lambda s: 7), Settings(), ToolRegistry(), chat_completions
+    )  # type: ignore[arg-type,return-value]
+    with pytest.raises(ConfigurationError, match="not text"):
+        odd.key_for("x")
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"api": "completions"}, "api must be 'chat' or 'responses'"),
+        ({"stream": "yes"}, "stream must be True or False"),
+        ({"concurrency_key": "tenant"}, "concurrency_key must be a function"),
+    ],
+)
+def test_a_wrong_api_stream_or_key_fails_when_defined(
+    fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        Agent("bad", **fields)  # type: ignore[arg-type]

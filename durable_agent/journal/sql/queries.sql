@@ -9,9 +9,9 @@
 -- name: create_turn
 -- Record a new turn at the end of its session.
 INSERT INTO turns (turn_id, session_id, seq, message, queue, agent, trace_context,
-                   created_at, updated_at)
+                   created_at, updated_at, concurrency_key)
 SELECT :turn_id, :session_id, coalesce(max(seq) + 1, 0), :message, :queue, :agent,
-       :trace_context, durable_agent_now(), durable_agent_now()
+       :trace_context, durable_agent_now(), durable_agent_now(), CAST(:concurrency_key AS text)
 FROM turns WHERE session_id = :session_id
 RETURNING turn_id, session_id, seq, status, message, reply, error, attempts, crashes,
           lease_owner, lease_epoch, lease_expires_at, not_before, enqueued_at,
@@ -221,8 +221,8 @@ ON CONFLICT (sha256) DO UPDATE SET created_at = durable_agent_now();
 -- :agents (JSON by agent name of {digest, spec}, NULL: none) are the claimer's agents: the
 -- turn's first claim records its agent's digest and spec with it, no statement of its own.
 -- Take the turn when its lease is free, expired or already ours, it is not deferred, it
--- belongs to one of the claimer's queues (NULL: any), and every earlier turn of its session
--- has finished. Moves the epoch on and counts the attempt (and a crash, when it takes over
+-- belongs to one of the claimer's queues (NULL: any), every earlier turn of its session
+-- has finished, and its concurrency key (if any) has room under :key_limit (NULL: none). Moves the epoch on and counts the attempt (and a crash, when it takes over
 -- another holder's claim).
 UPDATE turns AS t SET
     status = 'running',
@@ -243,6 +243,9 @@ WHERE t.turn_id = :turn_id
   AND (t.not_before IS NULL OR t.not_before <= durable_agent_now())
   AND (CAST(:queues AS text[]) IS NULL OR t.queue = '' OR t.queue = ANY(:queues))
   AND durable_agent_open_before(t.session_id, t.seq) IS NULL
+  AND (t.concurrency_key IS NULL OR CAST(:key_limit AS integer) IS NULL
+       OR NOT durable_agent_key_busy(t.concurrency_key, t.turn_id, t.created_at,
+                                     CAST(:key_limit AS integer)))
 RETURNING t.turn_id, t.session_id, t.seq, t.status, t.message, t.reply, t.error, t.attempts,
           t.crashes, t.lease_owner, t.lease_epoch, t.lease_expires_at, t.not_before,
           t.enqueued_at, t.created_at, t.updated_at, t.finished_at, t.queue, t.message_id,
@@ -256,8 +259,50 @@ SELECT turn_id, session_id, seq, status, message, reply, error, attempts, crashe
        created_at, updated_at, finished_at, queue, message_id, received_message_id,
        received_at, received_by, agent, agent_digest, agent_spec, agent_changes,
        durable_agent_now() AS now,
-       durable_agent_open_before(session_id, seq) AS waits_for
+       durable_agent_open_before(session_id, seq) AS waits_for,
+       concurrency_key,
+       concurrency_key IS NOT NULL AND CAST(:key_limit AS integer) IS NOT NULL
+       AND durable_agent_key_busy(concurrency_key, turn_id, created_at,
+                                  CAST(:key_limit AS integer)) AS key_busy
 FROM turns WHERE turn_id = :turn_id;
+
+-- name: wait_for_key
+-- A turn refused for its concurrency key waits, queued, with no claim, until a turn of its
+-- key ends and wakes it (wake_next_of_key), or :delay seconds (the sweeper sends it then).
+UPDATE turns
+SET not_before = durable_agent_now() + make_interval(secs => :delay),
+    error = 'waits for a slot of its concurrency key', updated_at = durable_agent_now()
+WHERE turn_id = :turn_id AND status = 'queued'
+RETURNING turn_id;
+
+-- name: key_admits
+-- Whether a new turn of a concurrency key may be sent at once (fewer than :key_limit others
+-- of its key run or are sent).
+SELECT durable_agent_key_admits(concurrency_key, turn_id, CAST(:key_limit AS integer))
+FROM turns WHERE turn_id = :turn_id;
+
+-- name: unwait_key
+-- A turn that waited for its key is sent: due at once.
+UPDATE turns SET not_before = NULL, error = NULL, updated_at = durable_agent_now()
+WHERE turn_id = :turn_id AND status = 'queued'
+  AND error = 'waits for a slot of its concurrency key'
+RETURNING turn_id;
+
+-- name: wake_next_of_key
+-- A turn of the key of :turn_id ended: the oldest turn of that key still queued (and not
+-- deferred for another reason: a model outage, its budget) is due now.
+UPDATE turns AS o
+SET not_before = NULL, error = NULL, updated_at = durable_agent_now()
+WHERE o.turn_id = (
+    SELECT w.turn_id FROM turns AS w
+    JOIN turns AS t ON t.turn_id = :turn_id AND w.concurrency_key = t.concurrency_key
+    WHERE w.status = 'queued' AND w.turn_id <> t.turn_id
+      AND (w.not_before IS NULL OR w.not_before <= durable_agent_now()
+           OR w.error = 'waits for a slot of its concurrency key')
+    ORDER BY w.created_at, w.turn_id
+    LIMIT 1
+)
+RETURNING o.session_id, o.turn_id, o.queue;
 
 -- name: renew_lease
 -- Without a WAL wait: a renewal lost in a Postgres crash only lets the lease end sooner,

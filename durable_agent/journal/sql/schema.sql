@@ -32,6 +32,7 @@ CREATE TABLE turns (
     agent_digest  text,
     agent_spec    jsonb,
     agent_changes text,
+    concurrency_key text,
     trace_context text,
     UNIQUE (session_id, seq)
 );
@@ -43,10 +44,13 @@ COMMENT ON COLUMN turns.received_by IS 'the worker process that received it (hos
 COMMENT ON COLUMN turns.agent IS 'the agent the turn belongs to (''default'': the one configured by the environment)';
 COMMENT ON COLUMN turns.agent_digest IS 'sha256 of the agent''s spec when the turn first ran (model, instructions, parameters, step cap, loop, tools)';
 COMMENT ON COLUMN turns.agent_spec IS 'that spec, to say what changed when the turn resumes under another one';
+COMMENT ON COLUMN turns.concurrency_key IS 'the turns of one key run at most DURABLE_AGENT_CONCURRENCY_PER_KEY at once, oldest first (NULL: no limit)';
 COMMENT ON COLUMN turns.agent_changes IS 'what differed from agent_spec the last time the turn was resumed (NULL: nothing)';
 COMMENT ON COLUMN turns.trace_context IS 'the traceparent (and tracestate) of the request that started the turn, as W3C headers in JSON (NULL: not traced)';
 
 CREATE INDEX turns_open_idx ON turns (lease_expires_at) WHERE status IN ('queued', 'running');
+CREATE INDEX turns_open_by_key_idx ON turns (concurrency_key, created_at, turn_id)
+    WHERE concurrency_key IS NOT NULL AND status IN ('queued', 'running');
 -- the newest send on a queue that some worker has received, and the newest reception
 CREATE INDEX turns_received_sends_idx ON turns (queue, enqueued_at)
     WHERE received_message_id = message_id;
@@ -338,6 +342,46 @@ CREATE FUNCTION durable_agent_open_before(p_session_id text, p_seq integer) RETU
         WHERE session_id = p_session_id AND seq < p_seq
           AND status IN ('queued', 'running', 'waiting')
         ORDER BY seq LIMIT 1
+    $$;
+
+-- Whether a turn of key p_key recorded at p_created must wait: p_limit turns of the key run
+-- (a live lease), or an older turn of the key waits for a slot (the error wait_for_key
+-- records), so the key's turns start in the order they were recorded. The advisory lock on
+-- the key (held to the end of the claim's transaction) makes two claims of one key take
+-- turns, so both cannot see room for one.
+CREATE FUNCTION durable_agent_key_busy(
+    p_key text, p_turn_id text, p_created timestamptz, p_limit integer
+) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+        BEGIN
+            PERFORM pg_advisory_xact_lock(hashtextextended('durable-agent key ' || p_key, 0));
+            RETURN (
+                SELECT count(*) FROM turns
+                WHERE concurrency_key = p_key AND turn_id <> p_turn_id
+                  AND status = 'running' AND lease_expires_at > durable_agent_now()
+            ) >= p_limit
+            OR EXISTS (
+                SELECT 1 FROM turns
+                WHERE concurrency_key = p_key AND status = 'queued'
+                  AND error = 'waits for a slot of its concurrency key'
+                  AND (created_at, turn_id) < (p_created, p_turn_id)
+            );
+        END
+    $$;
+
+-- Whether a new turn of key p_key may be sent at once: fewer than p_limit other turns of the
+-- key run or are sent and due (the others wait for a slot and are sent when one frees).
+CREATE FUNCTION durable_agent_key_admits(p_key text, p_turn_id text, p_limit integer)
+    RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+        SELECT count(*) < p_limit FROM turns
+        WHERE concurrency_key = p_key AND turn_id <> p_turn_id
+          AND ((status = 'running' AND lease_expires_at > durable_agent_now())
+               OR (status = 'queued'
+                   AND error IS DISTINCT FROM 'waits for a slot of its concurrency key'
+                   AND (not_before IS NULL OR not_before <= durable_agent_now())))
     $$;
 
 -- Live turns: every finished step and every turn that ended is announced on the channel
