@@ -1,5 +1,5 @@
 """``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|sealing|``
-``timeline|telemetry|fleet|streaming|budgets|fairness]``
+``timeline|telemetry|fleet|streaming|budgets|fairness|waits]``
 ``[--quick] [--json PATH]``:
 run the benchmarks, print tables (``--quick``: one round of each, smaller sizes, for CI).
 DBOS side by side is not here: ``make bench-peers`` runs ``python -m bench.peers`` in a
@@ -19,29 +19,18 @@ from durable_agent.cli.console import out
 
 from . import machine
 
+BENCHMARKS = (
+    "all", "journal", "throughput", "resume", "growth", "recovery", "door", "console",
+    "telemetry", "sealing", "timeline", "fleet", "streaming", "budgets", "fairness", "waits",
+)  # fmt: skip
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
         "which",
         nargs="?",
-        choices=(
-            "all",
-            "journal",
-            "throughput",
-            "resume",
-            "growth",
-            "recovery",
-            "door",
-            "console",
-            "telemetry",
-            "sealing",
-            "timeline",
-            "fleet",
-            "streaming",
-            "budgets",
-            "fairness",
-        ),
+        choices=BENCHMARKS,
         default="all",
         help="the benchmark to run (default: all)",
     )
@@ -147,6 +136,13 @@ def main(argv: list[str] | None = None) -> int:
             results["fairness"] = fairness.run(burst=30, few=3, baseline=False)
         else:
             results["fairness"] = fairness.run()
+    if args.which in ("all", "waits"):
+        from . import waits
+
+        if args.quick:
+            results["waits"] = waits.run(sleepers=100, sleep_seconds=5, quick_turns=50, samples=10)
+        else:
+            results["waits"] = waits.run()
     out.print(f"[dim]finished in {time.monotonic() - started:.0f} s[/dim]")
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")

@@ -510,6 +510,48 @@ def bench_recovery() -> str:
     )
 
 
+def bench_waits() -> str:
+    waits = _section("waits")
+    sleep = waits["sleep"]
+    events, children = waits["event_to_turn_ms"], waits["child_end_to_parent_ms"]
+
+    def late(key: str) -> str:
+        q = sleep[key]
+        return f"{q['p50']:.2f} / **{q['p99']:.2f}** / {q['max']:.2f} s"
+
+    def p99(samples: list[float]) -> float:
+        ordered = sorted(samples)
+        return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+    idle, busy = sleep["idle_quick_turns_per_s"], sleep["quick_turns_per_s_while_sleeping"]
+    rows = [
+        [
+            "short turns/s on the worker, idle and while they sleep",
+            f"{idle:.1f} and {busy:.1f} (**{sleep['rate_ratio']:.2f}x**)",
+        ],
+        ["messages in Redis for the parked turns", str(sleep["messages_in_redis_while_parked"])],
+        ["woken after the due time, p50 / p99 / max", late("woken_late_s")],
+        ["resumed after the due time, p50 / p99 / max", late("resumed_late_s")],
+        ["done, once each", f"{sleep['done_once']:,} of {sleep['sleepers']:,}"],
+        [
+            "event sent to the waiting turn's outcome, median / p99",
+            f"**{_median(events):.1f}** / {p99(events):.1f} ms ({len(events)} samples)",
+        ],
+        [
+            "child's end to the parent's outcome, median / p99",
+            f"**{_median(children):.1f}** / {p99(children):.1f} ms ({len(children)} samples)",
+        ],
+    ]
+    return (
+        table(["measure", "figure"], rows)
+        + f"\n\nMeasured {waits.get('run', {}).get('date', '(with the run above)')}: "
+        f"{sleep['sleepers']:,} turns sleeping {sleep['sleep_seconds']:g} s on one worker "
+        f"(prefork, 2 children), a sweep every {sleep['sweep_interval_seconds']:g} s; the goal: "
+        f"woken within one sweep interval plus 1 s (p99), events and child ends within "
+        f"{waits['goal_latency_ms']:g} ms on an idle worker.\n"
+    )
+
+
 def bench_telemetry() -> str:
     section = _section("telemetry")
     tracing = section["tracing"]
@@ -691,4 +733,5 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "bench-streaming": bench_streaming,
     "bench-budgets": bench_budgets,
     "bench-fairness": bench_fairness,
+    "bench-waits": bench_waits,
 }

@@ -5,7 +5,7 @@ turn reads finished calls back instead of running them again, and every tool car
 required replay label: ``safe`` (may run again) or ``never`` (never runs twice).
 """
 
-from .client import get_turn, start_turn, stream_turn, wait_for_turn
+from .client import get_turn, list_events, send_event, start_turn, stream_turn, wait_for_turn
 from .errors import (
     ConfigurationError,
     DurableAgentError,
@@ -18,10 +18,12 @@ from .errors import (
     ServiceUnavailable,
     StepLimitReached,
     ToolDefinitionError,
+    TurnEnded,
     TurnFailed,
     TurnNotFound,
 )
 from .journal import KeyProvider, Step, Turn, TurnStatus
+from .operate.events import EventSent
 from .operate.live import TurnEvent
 from .ops import (
     approve,
@@ -40,12 +42,23 @@ from .step.agents import Agent
 from .step.call_context import CallContext, current_call, still_claimed
 from .step.loop import Loop, TurnContext
 from .step.tools import Tool, tool
+from .step.waits import (
+    ChildTurnFailed,
+    EventResult,
+    agent_tool,
+    event_tool,
+    wait_for_event,
+    wait_seconds,
+)
 
 __all__ = [
     "Agent",
     "CallContext",
+    "ChildTurnFailed",
     "ConfigurationError",
     "DurableAgentError",
+    "EventResult",
+    "EventSent",
     "InvalidArgument",
     "KeyProvider",
     "KeyUnavailable",
@@ -63,29 +76,36 @@ __all__ = [
     "ToolDefinitionError",
     "Turn",
     "TurnContext",
+    "TurnEnded",
     "TurnEvent",
     "TurnFailed",
     "TurnNotFound",
     "TurnStatus",
+    "agent_tool",
     "agent_turn",
     "approve",
     "audit_trail",
     "cancel_turn",
     "current_call",
     "deny",
+    "event_tool",
     "get_turn",
     "list_approvals",
+    "list_events",
     "list_uncertain",
     "prune",
     "rekey",
     "resolve_uncertain",
     "run_turn",
     "runtime_for",
+    "send_event",
     "start_turn",
     "still_claimed",
     "stream_turn",
     "tool",
+    "wait_for_event",
     "wait_for_turn",
+    "wait_seconds",
 ]
 
 

@@ -1,4 +1,5 @@
-"""What an application calls: record a turn and enqueue it, read it, wait for it.
+"""What an application calls: record a turn and enqueue it, read it, wait for it, send it
+an event.
 
 Each function works on the runtime of the settings it is given (the environment's when
 none), so it reaches the same database, broker and queue as that runtime's workers and its
@@ -8,9 +9,18 @@ the same methods on it.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Generator
+from typing import Any
 
-from .journal import Turn
+from celery.result import AsyncResult
+
+from .delivery.task_names import SEND_EVENT
+from .delivery.waker import deliver_event
+from .inputs import check_id
+from .journal import Event, Turn, WaitStore
+from .operate import events
+from .operate.events import EventSent
 from .operate.live import DEFAULT_POLL_SECONDS, TurnEvent
 from .runtime import runtime_for
 from .settings import Settings
@@ -101,3 +111,49 @@ def stream_turn(
         tokens=tokens,
         after=after,
     )
+
+
+class _SendEvent:
+    """``send_event(turn_id, name, payload, event_id=...)``, and ``send_event.delay(...)``."""
+
+    def __call__(
+        self,
+        turn_id: str,
+        name: str,
+        payload: Any = None,
+        *,
+        event_id: str | None = None,
+        settings: Settings | None = None,
+    ) -> EventSent:
+        """Send the event ``name`` with ``payload`` (JSON values) to a turn; it wakes the turn
+        if it waits for ``name`` (``ctx.wait_for_event``), else it is kept until it does.
+        Each event is read once; the same ``event_id`` sent again changes nothing (give one to
+        make a retried send safe). Returns what happened (``woke``, ``kept``,
+        ``duplicate``); raises TurnNotFound, or TurnEnded when the turn has ended."""
+        return deliver_event(runtime_for(settings), turn_id, name, payload, event_id)
+
+    def delay(
+        self,
+        turn_id: str,
+        name: str,
+        payload: Any = None,
+        *,
+        event_id: str | None = None,
+        settings: Settings | None = None,
+    ) -> AsyncResult:
+        """The same on a worker, through the broker (the ``durable_agent.send_event`` task);
+        the event id is fixed here, so a message delivered twice records one event."""
+        runtime = runtime_for(settings)
+        event_id = check_id("event_id", event_id) if event_id is not None else uuid.uuid4().hex
+        task = runtime.celery.tasks[SEND_EVENT]
+        result: AsyncResult = task.apply_async((turn_id, name, payload, event_id))
+        return result
+
+
+send_event = _SendEvent()
+
+
+def list_events(turn_id: str, *, settings: Settings | None = None) -> list[Event]:
+    """The events sent to a turn, oldest first, each with what became of it (``state``)."""
+    runtime = runtime_for(settings)
+    return events.list_events(WaitStore(runtime.database), runtime.get_turn, turn_id)

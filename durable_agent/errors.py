@@ -10,13 +10,14 @@ The tree is shallow on purpose::
     ├── PayloadTampered           a sealed payload does not open: altered, or moved from its row
     ├── ServiceUnavailable        Postgres or the broker cannot be reached (retryable)
     ├── TurnNotFound              no turn has that id
+    ├── TurnEnded                 the turn has ended: an event for it is not recorded
     ├── TurnFailed                the turn ended as failed; ``reason`` says why
     │   ├── ReplayDiverged        the journal records another call at this step
     │   └── StepLimitReached      the turn hit its step cap
     ├── ModelUnavailable          the model API kept failing; the turn stays resumable (retryable)
     ├── LeaseLost                 another worker owns the turn now; stop, write nothing more
     ├── TurnCancelled             someone cancelled the turn; it ends 'cancelled' at this step
-    └── TurnParked                a tool call waits for a person's approval; the turn waits
+    └── TurnParked                the turn waits (an approval, a time, an event, a child); parked
 
 ``retryable`` says whether running the same thing again later can succeed.
 The driver's own exception is kept as ``__cause__``.
@@ -65,6 +66,14 @@ class TurnNotFound(DurableAgentError):
     def __init__(self, turn_id: str, *, hint: str = "") -> None:
         super().__init__(f"no turn with id {turn_id!r}" + (f" ({hint})" if hint else ""))
         self.turn_id = turn_id
+
+
+class TurnEnded(DurableAgentError):
+    """The turn has ended (done, failed or cancelled): what was sent to it is not recorded."""
+
+    def __init__(self, turn_id: str, status: str, what: str) -> None:
+        super().__init__(f"turn {turn_id} has ended ({status}); {what}")
+        self.turn_id, self.status = turn_id, status
 
 
 class TurnFailed(DurableAgentError):
@@ -124,5 +133,6 @@ class TurnCancelled(DurableAgentError):
 
 
 class TurnParked(DurableAgentError):
-    """A tool call needs a person's approval: the turn is parked (status ``waiting``, no
-    claim) until ``approve`` or ``deny`` decides, and any worker then resumes it."""
+    """The turn waits (a person's approval, a time, an event, a child turn): it is parked
+    (status ``waiting``, no claim, no message) until that comes, and any worker then
+    resumes it."""

@@ -213,7 +213,7 @@ journal = Table(
     ),
     ForeignKeyConstraint(["output_blob"], ["blobs.sha256"], name="journal_output_blob_fkey"),
     CheckConstraint("step >= 0", name="journal_step_check"),
-    CheckConstraint("kind IN ('model', 'tool')", name="journal_kind_check"),
+    CheckConstraint("kind IN ('model', 'tool', 'wait')", name="journal_kind_check"),
     CheckConstraint("replay IN ('safe', 'never')", name="journal_replay_check"),
     CheckConstraint("status IN ('intent', 'done')", name="journal_status_check"),
 )
@@ -260,6 +260,82 @@ approvals = Table(
         ["turn_id"], ["turns.turn_id"], name="approvals_turn_id_fkey", ondelete="CASCADE"
     ),
     CheckConstraint("decision IN ('approved', 'denied')", name="approvals_decision_check"),
+)
+
+waits = Table(
+    "waits",
+    metadata,
+    _text("turn_id", nullable=False, primary_key=True),
+    _integer("step"),
+    _text("kind", nullable=False),
+    _text(
+        "name",
+        nullable=False,
+        comment="what it waits for: the tool (approval), the event name, the child turn id "
+        "('' for a sleep)",
+    ),
+    Column(
+        "wake_at",
+        TIMESTAMP(timezone=True),
+        nullable=True,
+        comment="when the sweeper wakes it if nothing else did (NULL: never)",
+    ),
+    _timestamp("parked_at", nullable=False, now=True),
+    ForeignKeyConstraint(
+        ["turn_id"], ["turns.turn_id"], name="waits_turn_id_fkey", ondelete="CASCADE"
+    ),
+    CheckConstraint("kind IN ('approval', 'sleep', 'event', 'child')", name="waits_kind_check"),
+)
+Index("waits_wake_idx", waits.c.wake_at, postgresql_where=text("wake_at IS NOT NULL"))
+
+events = Table(
+    "events",
+    metadata,
+    _text("turn_id", nullable=False),
+    _text("event_id", nullable=False),
+    _text("name", nullable=False),
+    Column("payload", JSONB, nullable=False),
+    _timestamp("sent_at", nullable=False, now=True),
+    Column("consumed_step", Integer, nullable=True),
+    _timestamp("consumed_at"),
+    PrimaryKeyConstraint("turn_id", "event_id", name="events_pkey"),
+    ForeignKeyConstraint(
+        ["turn_id"], ["turns.turn_id"], name="events_turn_id_fkey", ondelete="CASCADE"
+    ),
+)
+Index(
+    "events_pending_idx",
+    events.c.turn_id,
+    events.c.name,
+    events.c.sent_at,
+    postgresql_where=text("consumed_step IS NULL"),
+)
+Index(
+    "events_consumed_idx",
+    events.c.turn_id,
+    events.c.consumed_step,
+    unique=True,
+    postgresql_where=text("consumed_step IS NOT NULL"),
+)
+
+child_turns = Table(
+    "child_turns",
+    metadata,
+    _text("turn_id", nullable=False, primary_key=True),
+    _text("parent_turn_id", nullable=False),
+    _integer("parent_step"),
+    _integer("depth"),
+    ForeignKeyConstraint(
+        ["turn_id"], ["turns.turn_id"], name="child_turns_turn_id_fkey", ondelete="CASCADE"
+    ),
+    ForeignKeyConstraint(
+        ["parent_turn_id"],
+        ["turns.turn_id"],
+        name="child_turns_parent_turn_id_fkey",
+        ondelete="CASCADE",
+    ),
+    CheckConstraint("depth >= 1", name="child_turns_depth_check"),
+    UniqueConstraint("parent_turn_id", "parent_step", name="child_turns_parent_step_key"),
 )
 
 resolutions = Table(

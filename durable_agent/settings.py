@@ -103,6 +103,12 @@ class Settings(CallSettings, BaseSettings):
     max_steps: int = Field(
         default=64, ge=1, le=100_000, description="step cap of a turn (a runaway loop fails)"
     )
+    max_child_depth: int = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description="how deep child agents may nest (a turn's child is 1 deep; 0: none)",
+    )
     max_crashes: int = Field(
         default=5, ge=1, le=1000, description="worker deaths before a turn fails"
     )

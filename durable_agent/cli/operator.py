@@ -71,7 +71,8 @@ def cmd_prune(runtime: Runtime, args: argparse.Namespace) -> int:
     print(
         f"{verb} {count.turns} finished turn(s) older than {args.older_than} "
         f"({count.steps} journal row(s){blobs}); kept {count.kept} with unresolved "
-        f"uncertain effects and {count.kept_open_session} of sessions with an open turn"
+        f"uncertain effects and {count.kept_open_session} of sessions with an open turn "
+        "or children of an open turn"
     )
     return 0
 

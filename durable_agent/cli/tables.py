@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from rich.table import Table
 from rich.text import Text
@@ -31,7 +31,8 @@ WHOLE = 10**9
 """A width no summary reaches: the text as it is."""
 
 
-def turns_table(turns: Sequence[Turn]) -> Table:
+def turns_table(turns: Sequence[Turn], waits: Mapping[str, str] | None = None) -> Table:
+    """The turns; ``waits``: what each parked turn waits for, by turn id."""
     table = Table(title="turns", title_justify="left")
     for column in (
         "turn",
@@ -47,6 +48,8 @@ def turns_table(turns: Sequence[Turn]) -> Table:
     shortened = False
     for t in turns:
         text = t.reply if t.status == "done" else (t.error or "")
+        if waits and t.turn_id in waits:
+            text = f"waits for {waits[t.turn_id]}"
         if t.agent_changes:
             text = f"{text} [resumed under a changed agent: {t.agent_changes}]"
         text = " ".join((text or "").split())

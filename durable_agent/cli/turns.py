@@ -15,6 +15,7 @@ import redis
 
 from ..errors import ServiceUnavailable
 from ..inputs import check_id, check_message
+from ..journal import WaitStore
 from ..operate.live import TurnEvent
 from ..operate.spend import GROUPINGS
 from ..redact import printable
@@ -94,7 +95,10 @@ def _print_event(event: TurnEvent) -> None:
     elif event.step is not None:
         s = event.step
         call = f"{s.kind} {s.name}" + (f" ({s.replay})" if s.kind == "tool" else "")
-        print(printable(f"step {s.step}  {call}: {s.summary(100)}"), flush=True)
+        where = f"step {s.step}"
+        if event.parent_step is not None:  # a child turn's step, under its parent's
+            where = f"  step {event.parent_step}.{s.step} (child {event.turn_id})"
+        print(printable(f"{where}  {call}: {s.summary(100)}"), flush=True)
     elif event.turn is not None:
         turn = event.turn
         text = turn.reply if turn.status == "done" else turn.error
@@ -122,18 +126,29 @@ def cmd_turns(runtime: Runtime, args: argparse.Namespace) -> int:
         check_id("session_id", args.session)
     runtime.require_schema()
     turns = runtime.list_turns(args.session, limit=args.limit)
+    parked = [t.turn_id for t in turns if t.status == "waiting"]
+    waits = WaitStore(runtime.database).waits(parked)  # what each parked turn waits for
     if args.json:
-        print(json.dumps([t.as_json() for t in turns], indent=2, ensure_ascii=False))
+        rows = [
+            {
+                **t.as_json(),
+                **({"waits_for": waits[t.turn_id].as_json()} if t.turn_id in waits else {}),
+            }
+            for t in turns
+        ]
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
     else:
         from .console import out
         from .tables import turns_table
 
-        out.print(turns_table(turns))
+        out.print(turns_table(turns, {k: w.describe() for k, w in waits.items()}))
     return 0
 
 
 def cmd_spend(runtime: Runtime, args: argparse.Namespace) -> int:
     since = since_time(args.since) if args.since is not None else None
+    if args.turn is not None:
+        return _spend_of_turn(runtime, args)
     runtime.require_schema()
     spends = runtime.spend(args.by, limit=args.limit, since=since_on_clock(since, runtime))
     if args.json:
@@ -145,6 +160,27 @@ def cmd_spend(runtime: Runtime, args: argparse.Namespace) -> int:
         from .tables import spend_table
 
         out.print(spend_table(spends, args.by, priced=bool(runtime.settings.prices)))
+    return 0
+
+
+def _spend_of_turn(runtime: Runtime, args: argparse.Namespace) -> int:
+    """One turn and its child turns (child agents, at any depth), and their total."""
+    from ..operate.spend import spend_with_children, total
+
+    check_id("turn_id", args.turn)
+    runtime.require_schema()
+    runtime.get_turn(args.turn)  # TurnNotFound
+    prices = runtime.settings.price_table
+    spends = spend_with_children(runtime.journal, WaitStore(runtime.database), prices, args.turn)
+    if args.json:
+        rows = [{"turn": s.key.strip(), **s.as_json()} for s in spends]
+        rows.append({"turn": "total", **total(spends).as_json()})
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
+    else:
+        from .console import out
+        from .tables import spend_table
+
+        out.print(spend_table(spends, "turn", priced=bool(runtime.settings.prices)))
     return 0
 
 
@@ -260,6 +296,9 @@ def register(add: Add) -> None:
     spend.add_argument("--by", choices=GROUPINGS, default="turn", help="group per (default turn)")
     spend.add_argument("--limit", type=count, default=50, help="at most this many rows")
     spend.add_argument("--since", default=None, help="turns created since an age (7d) or time")
+    spend.add_argument(
+        "--turn", default=None, help="one turn with its child turns (child agents) and the total"
+    )
     spend.add_argument("--json", action="store_true", help="a JSON array of rows")
 
     limits = add(

@@ -27,8 +27,10 @@ from .celery_tasks import TaskParts, register_tasks
 from .task_names import SWEEP
 
 if TYPE_CHECKING:
+    from ..journal import Database
     from ..telemetry.counters import WorkerCounters
     from .sweeper import SweeperThread
+    from .waker import WakerThread
 
 log = logging.getLogger("durable_agent.tasks")
 
@@ -80,6 +82,13 @@ class AppParts(TaskParts, Protocol):
 
     @property
     def queues(self) -> list[str]: ...
+
+    @property
+    def database(self) -> Database: ...
+
+    def publish(
+        self, session_id: str, turn_id: str, *, queue: str = "", message_id: str
+    ) -> None: ...
 
     def check_worker_start(self) -> None: ...
 
@@ -175,17 +184,36 @@ def check_consumed_queues(runtime: AppParts, consumed: list[str]) -> None:
 
 
 _sweepers: dict[int, SweeperThread] = {}
+_wakers: dict[int, WakerThread] = {}
 
 
 def _start_sweeper(sender: Any = None, **_: Any) -> None:
-    """The sweeper runs in the worker's main process (never in a pool child)."""
+    """The sweeper and the waker run in the worker's main process (never in a pool child)."""
     runtime = _runtime_of(sender)
-    if runtime is None or not runtime.settings.run_sweeper or id(runtime) in _sweepers:
+    if runtime is None:
+        return
+    if id(runtime) not in _wakers:
+        _wakers[id(runtime)] = start_waker(runtime)
+    if not runtime.settings.run_sweeper or id(runtime) in _sweepers:
         return
     from .sweeper import SweeperThread
 
     thread = _sweepers[id(runtime)] = SweeperThread(runtime.sweeper())
     thread.start()
+
+
+def start_waker(runtime: AppParts) -> WakerThread:
+    """A thread that sends each parked turn as it wakes (see ``waker.py``)."""
+    from ..journal import WaitStore
+    from .waker import WakerThread, send_woken
+
+    waits = WaitStore(runtime.database)
+    thread = WakerThread(
+        runtime.database.conninfo,
+        lambda turn_id: send_woken(waits, runtime.journal, runtime.publish, turn_id),
+    )
+    thread.start()
+    return thread
 
 
 def _serve_metrics(sender: Any = None, **_: Any) -> None:
@@ -210,6 +238,8 @@ def _stop_sweeper(sender: Any = None, **_: Any) -> None:
     runtime = _runtime_of(sender)
     if runtime is not None and id(runtime) in _sweepers:
         _sweepers.pop(id(runtime)).stop()
+    if runtime is not None and id(runtime) in _wakers:
+        _wakers.pop(id(runtime)).stop()
 
 
 def _escape_log_lines(logger: logging.Logger | None = None, **_: Any) -> None:

@@ -4,7 +4,8 @@
 both). ``agent_turn(session_id, message, turn_id=None, agent=None)`` takes the message
 itself, for an application that only uses ``.delay()``: it is sent to the agent's queue,
 records the turn on its first delivery, then runs it. ``sweep()`` is one sweeper pass, for
-``celery beat``.
+``celery beat``. ``send_event(turn_id, name, payload, event_id)`` records an event for a
+turn on a worker (``durable_agent.send_event.delay(...)``; see ``operate/events.py``).
 
 Calling ``run_turn.delay()`` or ``agent_turn.delay()`` checks the arguments in the caller's
 process, so a mistake (a message where a turn id belongs, an over-long id) is an exception
@@ -28,23 +29,33 @@ from ..errors import (
     DurableAgentError,
     InvalidArgument,
     ServiceUnavailable,
+    TurnEnded,
     TurnFailed,
     TurnNotFound,
 )
 from ..inputs import check_id, check_message
-from ..journal import JournalStore, worker_identity
+from ..journal import Database, JournalStore, worker_identity
 from ..settings import Settings
-from ..step.agents import check_agent_name
+from ..step.agents import AgentBook, check_agent_name
 from .doorbell import new_message_id, trace_headers
 from .outage import Outage
-from .task_names import AGENT_TURN, RUN_TURN, SWEEP
+from .task_names import AGENT_TURN, RUN_TURN, SEND_EVENT, SWEEP
+from .waker import deliver_event
 
 if TYPE_CHECKING:
     from ..telemetry.tracing import Tracing
     from .sweeper import Sweeper
     from .turn_worker import TurnWorker
 
-__all__ = ["AGENT_TURN", "RUN_TURN", "SWEEP", "TaskParts", "handle_delivery", "register_tasks"]
+__all__ = [
+    "AGENT_TURN",
+    "RUN_TURN",
+    "SEND_EVENT",
+    "SWEEP",
+    "TaskParts",
+    "handle_delivery",
+    "register_tasks",
+]
 
 log = logging.getLogger("durable_agent.tasks")
 
@@ -78,6 +89,16 @@ class TaskParts(Protocol):
 
     def trace_context(self) -> str | None: ...
 
+    @property
+    def database(self) -> Database: ...
+
+    @property
+    def agents(self) -> AgentBook: ...
+
+    def publish(
+        self, session_id: str, turn_id: str, *, queue: str = "", message_id: str
+    ) -> None: ...
+
 
 _GUARD = "durable_agent.delivery.poison:guarded_strategy"
 
@@ -87,7 +108,7 @@ class TurnTask(Task):  # type: ignore[misc]
     traceback and shown as FAILURE with its reason."""
 
     abstract = True
-    throws = (TurnFailed, TurnNotFound, InvalidArgument)
+    throws = (TurnFailed, TurnNotFound, InvalidArgument, TurnEnded)
     runtime: TaskParts
 
 
@@ -235,6 +256,12 @@ def register_tasks(app: Celery, runtime: TaskParts) -> None:
             raise refusal from None
         return handle_delivery(runtime, turn_id, self.request)
 
+    def send_event(
+        self: Task, turn_id: str, name: str, payload: Any = None, event_id: str | None = None
+    ) -> str:
+        """Record an event for a turn (waking it if it waits for it); the outcome."""
+        return deliver_event(runtime, turn_id, name, payload, event_id).outcome
+
     def sweep(self: Task) -> int:
         """One sweep pass, for those who schedule it with ``celery beat`` instead."""
         return len(runtime.sweeper().sweep_once())
@@ -275,6 +302,14 @@ def register_tasks(app: Celery, runtime: TaskParts) -> None:
         runtime=runtime,
         **common,
     )(agent_turn)
+    app.task(
+        name=SEND_EVENT,
+        base=TurnTask,
+        acks_late=True,
+        check_arguments=staticmethod(_check_send_event),
+        runtime=runtime,
+        **common,
+    )(send_event)
     app.task(
         name=SWEEP,
         base=TurnTask,
@@ -413,6 +448,22 @@ def _check_agent_turn(args: list[Any], kwargs: dict[str, Any]) -> None:
             check_id("concurrency_key", kwargs["concurrency_key"])
         if kwargs.get("agent") is not None:
             check_agent_name(kwargs["agent"])
+    except InvalidArgument as error:
+        raise ValueError(str(error)) from None
+
+
+def _check_send_event(args: list[Any], kwargs: dict[str, Any]) -> None:
+    names = ("turn_id", "name", "payload", "event_id")
+    given = dict(zip(names, args, strict=False)) | kwargs
+    if len(args) > 4 or set(kwargs) - set(names) or not {"turn_id", "name"} <= set(given):
+        raise ValueError("send_event takes (turn_id, name, payload=None, event_id=None)")
+    try:
+        check_id("turn_id", given["turn_id"])
+        if given.get("event_id") is not None:
+            check_id("event_id", given["event_id"])
+        from ..step.waits import check_event_name
+
+        check_event_name(given["name"])
     except InvalidArgument as error:
         raise ValueError(str(error)) from None
 

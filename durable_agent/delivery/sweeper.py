@@ -10,8 +10,11 @@ there for turns that
 * were deferred (the model API was down) and are due again (sent once when due), or
 * were last enqueued longer ago than ``requeue_after`` and are still not running.
 
-A turn parked for an approval (``waiting``) or cancelled is never sent: a decision sends the
-first, the second has ended. A pass also hands new uncertain effects to the configured hooks
+A parked turn (``waiting``) is not sent while it waits: a pass first wakes the parked turns
+whose due time passed (a sleep, an event's timeout; ``wake_due``), which are then sent as
+"woken" with the others; a decision, an event or a child's end wakes its turn itself (the
+waker sends it at once; a pass sends it if not). A cancelled turn has ended. A pass also
+hands new uncertain effects to the configured hooks
 (``uncertain.py``).
 
 Deliveries never schedule themselves with a countdown; these passes are how a turn gets
@@ -89,6 +92,10 @@ class Sweeper:
             log.warning("uncertain effects not told yet (will retry): %s", error)
         self.leases.end_dead_local_holders()  # their turns are then due as 'claim expired'
         dead_receivers = self.leases.dead_local_receivers()
+        # committed before the pass: a woken turn's message must find it queued
+        woken = self.leases.wake_due(self.batch)
+        if woken:
+            log.info("sweeper woke %d parked turn(s) whose time came", len(woken))
         with self.leases.sweep_pass(_LOCK_KEY) as tx:
             if tx is None:
                 return []

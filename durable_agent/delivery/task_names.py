@@ -3,3 +3,4 @@
 RUN_TURN = "durable_agent.run_turn"
 AGENT_TURN = "durable_agent.agent_turn"
 SWEEP = "durable_agent.sweep"
+SEND_EVENT = "durable_agent.send_event"

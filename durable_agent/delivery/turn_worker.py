@@ -33,11 +33,13 @@ from ..journal import (
     Leases,
     OperatorStore,
     Refusal,
+    WaitStore,
     worker_identity,
 )
 from ..operate.approvals import approval_gate
 from ..operate.budgets import Budgets
 from ..operate.cancel import end_cancelled, stop_if_cancelled
+from ..operate.parking import Parking
 from ..operate.tokens import TokenStreams
 from ..redact import redact
 from ..settings import Settings
@@ -70,7 +72,7 @@ class Outcome(StrEnum):
     # last writes in a Postgres crash); the turn runs again after a backoff, or at once
     LOST = "lost"  # another worker took the turn over mid-run; this one stopped
     CANCELLED = "cancelled"  # cancelled on request; stopped at a step boundary
-    PARKED = "parked"  # a tool call waits for approval; the decision sends the turn again
+    PARKED = "parked"  # it waits (approval, time, event, child); what it waits for sends it
     INTERRUPTED = "interrupted"  # Postgres could not be reached; the message goes back
 
 
@@ -117,6 +119,7 @@ class TurnWorker:
         self.tokens = tokens  # where streamed answers' text goes (None: nowhere)
         self.budgets = budgets  # the fleet's model budgets (None: none configured)
         self.faults = faults if faults is not None else Faults.from_env()
+        self.waits = WaitStore(store.db)
         self.observe_steps = observe_steps
         self._handed_back: dict[str, float] = {}  # turn id -> when this process handed it back
         self._told_back: set[str] = set()  # turns whose coming back was logged
@@ -230,6 +233,7 @@ class TurnWorker:
         settings = self.settings
         delivery = Delivery(turn.turn_id, Outcome.DONE)
         runner: StepRunner | None = None
+        parking: Parking | None = None
         # the first claim of a turn finds no journal: none is read then
         # the outcome of a never call that ran is kept through a Postgres outage
         journal = self.store.for_claim(
@@ -243,6 +247,16 @@ class TurnWorker:
                 if turn.attempts > 1:  # resuming: a cancel asked meanwhile stops it here
                     stop_if_cancelled(self.operator_store, turn.turn_id)
                 self._note_agent(claim, agent)
+                parking = Parking(
+                    self.waits,
+                    self.store,
+                    self.operator_store,
+                    turn.turn_id,
+                    claim.epoch,
+                    self._agent_queue,
+                    settings.max_child_depth,
+                    journal.flush,
+                )
                 runner = StepRunner(
                     journal,
                     tools=agent.tools,
@@ -256,6 +270,7 @@ class TurnWorker:
                         claim,
                         journal.flush,
                     ),
+                    parking=parking,
                     observer=self.observe_steps(claim) if self.observe_steps else None,
                 )
                 # the first turn of a session has no history: none is read then
@@ -280,8 +295,9 @@ class TurnWorker:
                 ended = end_cancelled(self.operator_store, turn.turn_id, claim.epoch)
                 delivery.outcome, delivery.detail = Outcome.CANCELLED, str(error)
                 delivery.follow_up = ended.next_turn if ended else None
-            except TurnParked as error:  # approvals.py
+            except TurnParked as error:  # approvals.py, parking.py
                 delivery.outcome, delivery.detail = Outcome.PARKED, str(error)
+                delivery.follow_up = parking.to_send if parking else None  # a child it started
             except LeaseLost as error:
                 if beat.unreachable:  # not taken over: Postgres was out of reach for a lease
                     delivery.outcome, delivery.detail = Outcome.INTERRUPTED, str(error)
@@ -331,6 +347,10 @@ class TurnWorker:
                 if runner is not None:
                     delivery.read_back, delivery.executed = runner.read_back, runner.executed
         return delivery
+
+    def _agent_queue(self, name: str) -> str | None:
+        agent = self.agents.get(name)
+        return agent.queue if agent is not None else None
 
     def _wait_for_postgres(self, error: ServiceUnavailable) -> None:
         self.outage.report(error)

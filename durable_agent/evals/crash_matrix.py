@@ -8,7 +8,8 @@ that point and a fresh worker finishes the turn through the system's own recover
 sweeper finds the expired claim in Postgres and re-enqueues the turn, the new worker claims
 it and replays the journal. Per crash point it records the three numbers of the pattern's
 exercise (model calls repeated for finished steps, each ``never`` tool's effects, same reply
-as the clean run) and the time from the crash to the finished turn.
+as the clean run) and the time from the crash to the finished turn. A wait step (a sleep,
+an event, a child agent) is crashed by its name, before it parks and right after.
 """
 
 from __future__ import annotations
@@ -244,8 +245,10 @@ def _crash_once(
     model = stack.model
     _reset(stack, scenario)
     session = f"crash-matrix-{step.step}-{point}-{run_id}"
+    # a wait step by its name: a child turn the worker runs numbers its own steps from 0
+    target = step.name if step.kind == "wait" else step.step
     run = crash_and_recover(
-        stack, session, scenario.message, f"{step.step}:{point}", timeout, agent=scenario.agent
+        stack, session, scenario.message, f"{target}:{point}", timeout, agent=scenario.agent
     )
     interrupted_model_call = step.kind == "model" and point == "after_run"
     repeated = model.repeated_requests() if model is not None else 0

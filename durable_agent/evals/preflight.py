@@ -60,10 +60,11 @@ def check_before_running(
                     f"--point {target}:{point}: agent {agent.name!r} stops at "
                     f"{agent.max_steps} steps (0-{agent.max_steps - 1})"
                 )
-        elif target != MODEL_STEP and target not in names:
+        elif target != MODEL_STEP and target not in names and not _is_wait(target):
             raise ConfigurationError(
                 f"--point {target}:{point}: agent {agent.name!r} has no tool {target!r} "
-                f"(its tools: {known}; or a step number, or {MODEL_STEP} for its model calls)"
+                f"(its tools: {known}; or a step number, {MODEL_STEP} for its model calls, "
+                "or a wait: sleep, event:NAME, agent:NAME)"
             )
     never = [t.name for t in agent.tools if t.replay == "never"]
     counted = list(scenario.effects)
@@ -95,3 +96,8 @@ def check_points_reached(
             raise ConfigurationError(
                 f"--point {target}:{point}: the clean turn has no such step (its steps: {calls})"
             )
+
+
+def _is_wait(target: str) -> bool:
+    """A wait step's name (``ctx.sleep``, ``ctx.wait_for_event``, ``ctx.run_agent``)."""
+    return target == "sleep" or target.startswith(("agent:", "event:"))

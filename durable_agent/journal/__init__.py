@@ -2,7 +2,8 @@
 
 Turns, their steps and blobs (``store``: ``JournalStore``, ``ClaimedJournal``), claims
 (``leases``), what operators record (``operator_store``: cancellations, approvals,
-resolutions, pruning), announcements (``notify``), fleet-wide passes under an advisory lock
+resolutions, pruning), parked turns, events and child turns (``waits``),
+announcements (``notify``), fleet-wide passes under an advisory lock
 (``passes``), the spend ledger's records (``ledger``), migrations, and the SQL itself
 (``sql/``, read by ``queries`` alone). Every query is one method of a store; the modules
 above import what they need from here, not from the submodules.
@@ -22,7 +23,7 @@ from .migrations import (
     migrate,
     require_current,
 )
-from .notify import announce, listen
+from .notify import announce, listen, listen_wakes
 from .operator_store import Approval, Cancellation, OperatorStore, PruneCount
 from .protocol import TurnJournal
 from .queries import Migration, Query, parse_queries
@@ -54,6 +55,7 @@ from .sealing import (
     sealer_for,
 )
 from .store import ClaimedJournal, JournalStore
+from .waits import Child, Event, Recorded, Wait, WaitKind, WaitStore
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -66,10 +68,12 @@ __all__ = [
     "Approval",
     "AuditEntry",
     "Cancellation",
+    "Child",
     "Claim",
     "ClaimedJournal",
     "Database",
     "Ended",
+    "Event",
     "JournalStore",
     "KeyProvider",
     "Kind",
@@ -80,6 +84,7 @@ __all__ = [
     "Price",
     "PruneCount",
     "Query",
+    "Recorded",
     "Refusal",
     "RekeyCount",
     "Replay",
@@ -95,6 +100,9 @@ __all__ = [
     "TurnFilter",
     "TurnJournal",
     "TurnStatus",
+    "Wait",
+    "WaitKind",
+    "WaitStore",
     "Where",
     "WorkerSeen",
     "acting_through",
@@ -111,6 +119,7 @@ __all__ = [
     "jsonb_order",
     "latest_version",
     "listen",
+    "listen_wakes",
     "migrate",
     "new_key",
     "on_connection",

@@ -146,6 +146,11 @@ class Leases:
         rows = self.db.run("unclaimed_receivers", pattern=f"%#{token}")
         return [row["received_by"] for row in rows if holder_is_dead(row["received_by"])]
 
+    def wake_due(self, batch: int) -> list[str]:
+        """Wake the parked turns whose time came (``wake_due``), committed at once: the
+        sweep pass then sends them, and a worker that gets the message finds them queued."""
+        return [row["turn_id"] for row in self.db.run("wake_due", batch=batch)]
+
     def sweep_pass(self, key: int) -> AbstractContextManager[LockedPass | None]:
         """A sweeper pass's transaction, holding the fleet-wide lock ``key`` (None: another
         sweeper is at work)."""
@@ -222,7 +227,7 @@ def _refusal(state: Row, queues: list[str] | None) -> Refusal:
     if turn.finished:
         return Refusal("finished", f"turn {turn.turn_id} is already {turn.status}")
     if turn.status == "waiting":
-        return Refusal("parked", f"turn {turn.turn_id} waits for an approval (see approvals.py)")
+        return Refusal("parked", f"turn {turn.turn_id} is parked: it waits (durable-agent turns)")
     if queues is not None and turn.queue and turn.queue not in queues:
         return Refusal(
             "elsewhere",

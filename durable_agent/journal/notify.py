@@ -34,3 +34,9 @@ def listen(conn: psycopg.Connection[Any]) -> None:
     """Start listening for announcements on ``conn`` (an autocommit connection of its own,
     kept open: ``conn.notifies()`` then yields them)."""
     conn.execute(query("listen_turns").sql.encode(), prepare=False)
+
+
+def listen_wakes(conn: psycopg.Connection[Any]) -> None:
+    """Start listening on ``conn`` for parked turns that woke (``durable_agent_wake``,
+    payload: the turn id): a worker's waker sends them at once."""
+    conn.execute(query("listen_wakes").sql.encode(), prepare=False)

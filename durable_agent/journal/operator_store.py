@@ -110,6 +110,10 @@ class OperatorStore:
                 )
         return row is not None
 
+    def open_children(self, turn_id: str) -> list[str]:
+        """The open child turns of a turn (a cancel of the parent cancels them)."""
+        return [row["turn_id"] for row in self.db.run("open_children", turn_id=turn_id)]
+
     def find_cancellation(self, turn_id: str) -> Cancellation | None:
         row = self.db.one("find_cancellation", turn_id=turn_id)
         return Cancellation.from_row(row) if row else None

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Self, cast
 if TYPE_CHECKING:
     from .ledger import Spend
 
-Kind = Literal["model", "tool"]
+Kind = Literal["model", "tool", "wait"]
 Replay = Literal["safe", "never"]
 StepStatus = Literal["intent", "done"]
 
@@ -20,14 +20,15 @@ class TurnStatus(StrEnum):
     """Where a turn is. ``done``, ``failed`` and ``cancelled`` are final.
 
     ``queued``: recorded, waiting for a worker (or deferred after a model outage);
-    ``running``: claimed by a worker (its lease may have run out); ``waiting``: parked until
-    a person approves or denies a tool call, with no claim; ``done``: it has its reply;
-    ``failed``: it has its reason; ``cancelled``: stopped at a step boundary on request.
+    ``running``: claimed by a worker (its lease may have run out); ``waiting``: parked, with
+    no claim, no lease and no message, until what it waits for comes (a person's decision on
+    a tool call, a due time, an event, a child turn's end: see ``waits``); ``done``: it has
+    its reply; ``failed``: it has its reason; ``cancelled``: stopped at a step boundary on request.
     """
 
     QUEUED = "queued"  # recorded, waiting for a worker (or deferred after a model outage)
     RUNNING = "running"  # claimed by a worker (its lease may have run out)
-    WAITING = "waiting"  # parked until a person approves or denies a tool call; no claim
+    WAITING = "waiting"  # parked (approval, sleep, event, child); no claim, no message
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"  # stopped at a step boundary on request (see operate/cancel.py)
@@ -180,7 +181,7 @@ class Step(_Row):
     def summary(self, width: int = 70) -> str:
         """One line for the step's outcome."""
         if self.status != "done":
-            return "(no outcome recorded)"
+            return "(waiting)" if self.kind == "wait" else "(no outcome recorded)"
         output = self.output
         if self.kind == "model" and isinstance(output, dict):
             message = output.get("message") or {}

@@ -59,13 +59,15 @@ SEALED_COLUMNS: dict[str, Column] = {
     "input": Column(json=True, per_step=True),
     "output": Column(json=True, per_step=True),
     "arguments": Column(json=True, per_step=True),
+    "payload": Column(json=True, per_step=False, key="event_id"),
 }
 """Result columns opened wherever a query returns them (a row with one of them names its
 ``turn_id``, and ``step`` for a per-step one; ``output`` with a ``blob`` came from blobs).
 A query that must see the stored form aliases the column (``input AS stored_input``).
-A new payload column is one entry here and one call where it is written: e.g. an event's
-``payload``, ``Column(json=True, per_step=False, key="event_id")`` here and
-``sealer.json(payload, Where(turn_id, "payload", key=event_id))`` in its store."""
+A new payload column is one entry here and one call where it is written, as an event's
+``payload`` is: ``Column(json=True, per_step=False, key="event_id")`` here and
+``sealer.json(payload, Where(turn_id, "payload", key=event_id))`` in its store
+(``waits.py``)."""
 
 CLEAR_KEYS: dict[str, tuple[str, ...]] = {
     "input": ("model",),

@@ -3,12 +3,14 @@
 A tool declared ``@tool(replay="never", approval="required")``, or named in
 ``DURABLE_AGENT_APPROVAL_REQUIRED``, does not run when the model first calls it. The worker
 records the pending call (``approvals``: turn, step, tool, arguments, idempotency key) and
-parks the turn in the same statement: status ``waiting``, no claim, no lease, no message.
-Nothing renews anything while it waits, and the sweeper never sends it.
+parks the turn in the same statement, on the park mechanism every wait uses (see
+``parking.py``): status ``waiting``, no claim, no lease, no message, a ``waits`` row of kind
+``approval`` (no due time). Nothing renews anything while it waits, and the sweeper never
+sends it.
 
-``approve`` or ``deny`` decides once (a second decision is refused), queues the turn and
-sends it; any worker then resumes it from its journal. At the same step the runner reads
-the decision:
+``approve`` or ``deny`` decides once (a second decision is refused), wakes the turn (its
+``waits`` row deleted, queued) and sends it; any worker then resumes it from its journal.
+At the same step the runner reads the decision:
 
 * approved: the call goes the usual way of a ``never`` call. Its intent (which names who
   approved and when) is committed before it runs, so a crash or a duplicate delivery after

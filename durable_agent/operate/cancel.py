@@ -9,7 +9,9 @@ its end and its outcome is recorded: a cancel never cuts a call in half. The end
 turn is a step boundary too: a cancel recorded before the end commits ends the turn
 ``cancelled`` (its reply stays in the journal); one that comes after says it came too late.
 Cancelling a turn already cancelled changes nothing and succeeds (it says who cancelled
-it). The session goes on: its next turn is sent.
+it). The session goes on: its next turn is sent. A parked turn (waiting for a time, an
+event, a child) is not held by any worker: it ends at once. The open child turns of a
+cancelled turn (``ctx.run_agent``) are cancelled with it.
 """
 
 from __future__ import annotations
@@ -137,6 +139,16 @@ def cancel(
         store.announce(f"turn cancelled {turn_id}")  # wakes wait and watch
         send_next(enqueue, ended)
         store_end(turn_id)  # for agent_turn.delay(...).get()
+    for child in store.open_children(turn_id):  # its child agents' turns stop too
+        cancel(
+            store,
+            get_turn,
+            enqueue,
+            child,
+            f"its parent turn {turn_id} was cancelled",
+            by=who,
+            store_end=store_end,
+        )
     return CancelResult(get_turn(turn_id), requested, store.find_cancellation(turn_id))
 
 

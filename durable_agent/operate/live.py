@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -217,6 +218,9 @@ class TurnEvent:
     kind: Literal["step", "end", "token", "abandoned"]
     step: Step | None = None
     turn: Turn | None = None
+    # a step of a child turn (ctx.run_agent), told under the parent's step that started it
+    parent_turn_id: str | None = None
+    parent_step: int | None = None
     step_number: int | None = None  # of a token or abandoned event
     attempt: int | None = None
     text: str = ""
@@ -226,14 +230,23 @@ class TurnEvent:
     def id(self) -> str:
         """Where to go on from: without tokens the step number, or ``end``: pass the last
         step's number back as ``after_step`` (a server-sent events' ``Last-Event-ID``); with
-        tokens a cursor to pass back as ``after``."""
+        tokens a cursor to pass back as ``after``. A child turn's step gives the parent's
+        step before the one that started the child: going on from there tells the child's
+        steps again rather than skip any."""
         if self.cursor is not None:
             return self.cursor
+        if self.parent_step is not None:
+            return str(self.parent_step - 1)
         return str(self.step.step) if self.step is not None else "end"
 
     def as_json(self) -> dict[str, Any]:
         if self.step is not None:
-            return {"event": "step", "turn_id": self.turn_id, **self.step.as_json()}
+            under = (
+                {"parent_turn_id": self.parent_turn_id, "parent_step": self.parent_step}
+                if self.parent_turn_id is not None
+                else {}
+            )
+            return {"event": "step", "turn_id": self.turn_id, **self.step.as_json(), **under}
         if self.kind in ("token", "abandoned"):
             event = {"event": self.kind, "turn_id": self.turn_id, "step": self.step_number}
             event["attempt"] = self.attempt
@@ -285,11 +298,23 @@ def _stream(
     timeout: float | None,
     poll_seconds: float,
 ) -> Generator[TurnEvent, None, None]:
-    with announcements.subscribe(turn_id) as subscription:
+    children: dict[str, int] = {}  # child turn id -> its next step to tell
+    watches: list[Subscription] = []  # of the children, closed with the stream
+    with announcements.subscribe(turn_id) as subscription, _closing(watches):
         while True:
             # the turn first: when it has ended, the steps read after it are all of them
             turn = store.get_turn(turn_id)
             for step in store.load_journal_from(turn_id, next_step):
+                child = _child_of(step)
+                if child is not None:  # a child agent's steps, under the step that started it
+                    yield from _child_steps(
+                        store,
+                        (announcements, subscription, watches),
+                        children,
+                        turn_id,
+                        step.step,
+                        child,
+                    )
                 if step.step != next_step or step.status != "done":
                     break  # steps finish in order: the rest is still running
                 yield TurnEvent(turn_id, "step", step=step)
@@ -298,6 +323,49 @@ def _stream(
                 yield TurnEvent(turn_id, "end", turn=with_spend([turn])[0])
                 return
             _wait(subscription, turn, poll_seconds, deadline, timeout)
+
+
+def _child_of(step: Step) -> str | None:
+    child = step.input.get("child_turn_id") if step.kind == "wait" else None
+    return child if isinstance(child, str) else None
+
+
+@contextmanager
+def _closing(watches: list[Subscription]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for watch in watches:
+            watch.close()
+
+
+def _child_steps(
+    store: JournalStore,
+    hub: tuple[Announcements, Subscription, list[Subscription]],
+    children: dict[str, int],
+    parent_turn_id: str,
+    parent_step: int,
+    child: str,
+) -> Generator[TurnEvent, None, None]:
+    """The child turn's finished steps not told yet (and its children's, nested)."""
+    if child not in children:
+        if store.find_turn(child) is None:
+            return  # not created yet
+        children[child] = 0
+        announcements, subscription, watches = hub
+        watch = announcements.subscribe(child)
+        watch._woken = subscription._woken  # the child's announcements wake this watcher too
+        watches.append(watch)
+    for step in store.load_journal_from(child, children[child]):
+        grandchild = _child_of(step)
+        if grandchild is not None:
+            yield from _child_steps(store, hub, children, child, step.step, grandchild)
+        if step.step != children[child] or step.status != "done":
+            break
+        yield TurnEvent(
+            child, "step", step=step, parent_turn_id=parent_turn_id, parent_step=parent_step
+        )
+        children[child] += 1
 
 
 def wait_until_finished(
@@ -348,7 +416,7 @@ def _wait(
         if left <= 0:
             last_error = f", last error: {turn.error}" if turn.error else ""
             if turn.status == TurnStatus.WAITING:
-                last_error = ", parked until a tool call is approved or denied"
+                last_error = ", parked: it waits (an approval, a time, an event or a child turn)"
             raise TimeoutError(
                 f"turn {turn.turn_id} is still {turn.status} after {timeout:g}s "
                 f"(attempts {turn.attempts}{last_error})"

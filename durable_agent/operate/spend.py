@@ -17,7 +17,8 @@ Everything is read from the journal, so nothing extra is written on the hot path
 
 Costs come from an optional price table, ``DURABLE_AGENT_PRICES`` (USD per million prompt
 and completion tokens, by the model name sent in the request); without a price for every
-model involved, a cost is ``None``.
+model involved, a cost is ``None``. A turn's child turns (child agents) are turns of their
+own; ``spend --turn`` (:func:`spend_with_children`) rolls them up under their parent.
 
 Groupings (:data:`GROUPINGS`): ``turn``, ``agent`` (the agent each turn belongs to),
 ``day`` (the UTC day of the call) and ``day_agent`` (both, keyed ``YYYY-MM-DD agent``: the
@@ -29,6 +30,7 @@ The ledger's records (:class:`~durable_agent.journal.Spend`, ``Tokens``, ``Price
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -38,7 +40,7 @@ from ..errors import InvalidArgument
 from ..journal import Price, Spend, Tokens
 
 if TYPE_CHECKING:
-    from ..journal import JournalStore
+    from ..journal import JournalStore, WaitStore
 
 GROUPINGS = ("turn", "agent", "day", "day_agent")
 """What ``spend`` can group by."""
@@ -163,3 +165,21 @@ def total(spends: Iterable[Spend]) -> Spend:
             models=tuple(sorted(set(result.models) | set(s.models))),
         )
     return result
+
+
+def spend_with_children(
+    store: JournalStore, waits: WaitStore, prices: Mapping[str, Price], turn_id: str
+) -> list[Spend]:
+    """The ledger of a turn and of each child turn under it (``ctx.run_agent``, an agent as
+    a tool, at any depth), parent first; :func:`total` of them is what the turn cost."""
+    order: list[tuple[str, str]] = [(turn_id, turn_id)]
+    level = [turn_id]
+    while level:  # one query per depth
+        children = waits.children_of(level)
+        level = [c.turn_id for c in children]
+        order += [
+            (c.turn_id, f"{'  ' * c.depth}child {c.turn_id} ({c.agent}, step {c.parent_step})")
+            for c in children
+        ]
+    ledgers = spend_of_turns(store, prices, [t for t, _ in order])
+    return [dataclasses.replace(ledgers[t], key=label) for t, label in order]

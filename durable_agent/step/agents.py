@@ -40,6 +40,7 @@ from ..journal import digest
 from .loop import Api, BudgetBook, Loop, ModelCall, TokenSink, TurnContext, TurnInput, loop_name
 from .responses import responses_loop
 from .tools import Tool, ToolRegistry
+from .waits import agent_tool
 
 if TYPE_CHECKING:
     from ..journal import Turn
@@ -66,7 +67,7 @@ class Agent:
         model: The model name sent to Chat Completions.
         instructions: The system prompt.
         tools: The tools it may call, as ``Tool`` objects or names (a subset of the
-            registry).
+            registry); an ``Agent`` here is a tool that asks that agent (a child turn).
         queue: The Celery queue its turns are sent to.
         max_steps: Step cap of its turns.
         parameters: Model parameters sent with every request, e.g. ``{"temperature": 0}``.
@@ -79,12 +80,15 @@ class Agent:
         concurrency_key: A function of the session id giving the turn's concurrency key
             (e.g. the tenant) when ``start_turn`` is given none; see
             ``DURABLE_AGENT_CONCURRENCY_PER_KEY``.
+        events: The names of the events its turns wait for (``ctx.wait_for_event``), if
+            you declare them: ``send_event`` then refuses any other name at once, and a
+            wait for an undeclared name fails the turn. None (default): any name.
     """
 
     name: str
     model: str | None = None
     instructions: str | None = None
-    tools: Sequence[Tool | str] | None = None
+    tools: Sequence[Tool | str | Agent] | None = None
     queue: str | None = None
     max_steps: int | None = None
     parameters: Mapping[str, Any] = field(default_factory=dict)
@@ -92,6 +96,7 @@ class Agent:
     api: Api = "chat"
     stream: bool | None = None
     concurrency_key: Callable[[str], str | None] | None = None
+    events: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -113,9 +118,11 @@ class Agent:
             raise ConfigurationError(f"{where}: max_steps must be a whole number from 1 to 100000")
         if self.tools is not None:
             if isinstance(self.tools, str | Tool) or not all(
-                isinstance(t, str | Tool) for t in self.tools
+                isinstance(t, str | Tool | Agent) for t in self.tools
             ):
-                raise ConfigurationError(f"{where}: tools must be a list of tools or tool names")
+                raise ConfigurationError(
+                    f"{where}: tools must be a list of tools, tool names or agents"
+                )
             object.__setattr__(self, "tools", tuple(self.tools))
         reserved = _RESERVED_PARAMETERS & set(self.parameters)
         if reserved:
@@ -134,6 +141,12 @@ class Agent:
             raise ConfigurationError(f"{where}: stream must be True or False")
         if self.concurrency_key is not None and not callable(self.concurrency_key):
             raise ConfigurationError(f"{where}: concurrency_key must be a function of the session")
+        if self.events is not None:
+            if isinstance(self.events, str) or not all(
+                isinstance(e, str) and e and e.isprintable() and len(e) <= 200 for e in self.events
+            ):
+                raise ConfigurationError(f"{where}: events must be a list of event names")
+            object.__setattr__(self, "events", tuple(self.events))
         if self.loop is not None and not callable(self.loop):
             raise ConfigurationError(f"{where}: loop must be a function of the turn's context")
 
@@ -150,6 +163,7 @@ class BoundAgent:
     max_steps: int
     parameters: Mapping[str, Any]
     loop: Loop
+    events: tuple[str, ...] | None = None  # the event names its turns wait for (None: any)
     api: Api = "chat"
     stream: bool = False
     concurrency_key: Callable[[str], str | None] | None = None
@@ -185,6 +199,8 @@ class BoundAgent:
         }
         if self.api != "chat":  # absent for Chat Completions: older digests stay the same
             spec["api"] = self.api
+        if self.events is not None:  # absent when not declared: older digests stay the same
+            spec["events"] = sorted(self.events)
         return spec
 
     @cached_property
@@ -214,6 +230,7 @@ class BoundAgent:
             streaming=self.stream,
             tokens=tokens,
             budgets=budgets,
+            events=self.events,
         )
 
 
@@ -322,6 +339,9 @@ def bind(
     else:
         chosen: list[Tool] = []
         for item in agent.tools:
+            if isinstance(item, Agent):  # another agent, asked through a child turn
+                chosen.append(agent_tool(item))
+                continue
             name = item if isinstance(item, str) else item.name
             found = registry.get(name)
             if found is None and isinstance(item, Tool):
@@ -345,6 +365,7 @@ def bind(
         api=agent.api,
         stream=settings.stream if agent.stream is None else agent.stream,
         concurrency_key=agent.concurrency_key,
+        events=tuple(agent.events) if agent.events is not None else None,
     )
 
 

@@ -3,8 +3,11 @@
 ``before_run`` fires after the step's intent is committed and before the call runs;
 ``after_run`` fires after the call returned and before its outcome is recorded. The target
 is a step number (``4:after_run``) or a tool name (``refund_order:after_run``: the first
-call of that tool this process makes). ``CRASH_AT=delivery:before_claim`` fires when a
-delivery arrives, after the worker noted its receipt and before it claims the turn.
+call of that tool this process makes). A wait step is named too: ``sleep``,
+``event:NAME``, ``agent:NAME`` (or its waiting tool's name); ``before_run`` fires after its
+intent is committed, before it parks or starts its child, ``after_run`` right after it
+parked (and, resumed, before its outcome is recorded). ``CRASH_AT=delivery:before_claim``
+fires when a delivery arrives, after the worker noted its receipt and before it claims the turn.
 ``CRASH_AT=doorbell:after_commit`` fires in an application that started a turn in its own
 transaction (``start_turn(connection=...)``), after that transaction committed and before the
 turn's message is sent. The process ends with ``os._exit(1)``: no cleanup, no ack, exactly
@@ -81,6 +84,8 @@ def check_tools(armed: tuple[int | str, CrashPoint] | None, tools: Iterable[str]
     """A crash point armed for a tool this worker does not have would never fire: refuse."""
     if armed is None or armed in (DELIVERY, DOORBELL) or not isinstance(armed[0], str):
         return
+    if armed[0] == "sleep" or armed[0].startswith(("agent:", "event:")):
+        return  # a wait step of a loop (ctx.sleep, ctx.run_agent, ctx.wait_for_event)
     known = sorted(set(tools))
     if armed[0] not in known:
         raise ConfigurationError(

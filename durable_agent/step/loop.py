@@ -32,6 +32,15 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ..errors import InvalidArgument, ModelRateLimited, TurnFailed
 from .tools import ToolRegistry
+from .waits import (
+    SLEEP,
+    EventResult,
+    child_reply,
+    child_spec,
+    event_result,
+    event_spec,
+    sleep_spec,
+)
 
 if TYPE_CHECKING:
     from .runner import StepRunner
@@ -126,8 +135,10 @@ class TurnContext:
         streaming: bool = False,
         tokens: TokenSink | None = None,
         budgets: BudgetBook | None = None,
+        events: tuple[str, ...] | None = None,
     ) -> None:
         self._runner = runner
+        self.events = events  # the agent's declared event names (None: any)
         self._call_model = call_model
         self.api = api
         self.streaming = streaming  # the built-in loops stream when this is set
@@ -270,6 +281,34 @@ class TurnContext:
     def tool_call(self, tool_call: Mapping[str, Any]) -> str:
         """Run a tool call exactly as a Chat Completions answer gave it (with its ``id``)."""
         return self._runner.tool_step(dict(tool_call))
+
+    # -- waits (a step each; the turn parks, holding no worker, until it may go on) ----------
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` (a step). The due time is fixed when the step is first written:
+        a turn delivered again does not restart the clock."""
+        self._runner.wait_step(SLEEP, sleep_spec(seconds))
+
+    def wait_for_event(self, name: str, *, timeout: float | None = None) -> EventResult:
+        """Wait for the event ``name`` sent to this turn (``send_event``), at most
+        ``timeout`` seconds (None: until it comes). An event sent before the wait is kept
+        and read here; each event is read by one wait, once."""
+        if self.events is not None and name not in self.events:
+            raise TurnFailed(
+                f"agent {self.agent!r} waits for the event {name!r}, which it does not declare "
+                f"(Agent(events=[...]): {', '.join(self.events) or 'none'})"
+            )
+        output = self._runner.wait_step(f"event:{name}", event_spec(name, timeout))
+        return event_result(name, output)
+
+    def run_agent(self, agent: Any, message: str) -> str:
+        """Run a turn of another agent (an ``Agent`` or its name) with ``message`` and
+        return its reply; raises ChildTurnFailed (a TurnFailed) when the child failed or was
+        cancelled. The child may run on another queue and worker; this turn waits parked."""
+        name = agent if isinstance(agent, str) else getattr(agent, "name", None)
+        if not isinstance(name, str):
+            raise InvalidArgument("ctx.run_agent() takes an Agent or an agent's name")
+        return child_reply(self._runner.wait_step(f"agent:{name}", child_spec(name, message)))
 
 
 def function_tools(chat_schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import pydantic
 
-from ..errors import ReplayDiverged, StepLimitReached
+from ..errors import ReplayDiverged, StepLimitReached, TurnFailed
 from ..journal import (
     MAX_DEPTH,
     ListDigest,
@@ -34,6 +34,7 @@ from .call_context import CallContext, bind_call
 from .faults import Faults
 from .observe import StepNote, StepObserver
 from .tools import Tool, ToolRegistry
+from .waits import Parking
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ class StepRunner:
         max_steps: int = 64,
         strict: bool = False,
         approval_gate: ApprovalGate | None = None,
+        parking: Parking | None = None,
         observer: StepObserver | None = None,
     ) -> None:
         self.journal = journal
@@ -86,6 +88,7 @@ class StepRunner:
         self.max_steps = max_steps
         self.strict = strict
         self.approval_gate = approval_gate
+        self.parking = parking  # None: this run cannot wait (a replay, a unit test)
         self.observer = observer  # the tracer (step/observe.py), when tracing is on
         self.recorded = {row.step: row for row in journal.steps()}
         self.next_step = 0
@@ -173,6 +176,9 @@ class StepRunner:
         function = tool_call.get("function") or {}
         name = str(function.get("name") or "")
         call_id = str(tool_call.get("id") or "")
+        t = self.tools.get(name)
+        if t is not None and t.wait is not None:  # a waiting tool: its call is a wait step
+            return self._waiting_tool(step, t, tool_call, call_id)
         row = self._recorded(step, "tool", name)
         if row is not None and row.status == "done":
             self.read_back.append(step)
@@ -180,7 +186,6 @@ class StepRunner:
             recorded: dict[str, Any] = row.output
             return recorded
 
-        t = self.tools.get(name)
         if row is not None and (row.replay == "never" or (t is not None and t.replay == "never")):
             # An interrupted never tool: it may have acted, so it never runs again, even if
             # the tool has since been removed or its schema changed.
@@ -225,6 +230,69 @@ class StepRunner:
         self.journal.record_outcome(step, output)
         self.executed.append(step)
         self._remember_uncertain(name, intent, output)
+        return output
+
+    # -- waits (step/waits.py) ---------------------------------------------------------------
+
+    def wait_step(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        """Wait (a step of kind ``wait``): the recorded outcome, or park the turn until it
+        comes (TurnParked)."""
+        step = self._take_step()
+        row = self._recorded(step, "wait", name)
+        if row is not None and row.status == "done":
+            self.read_back.append(step)
+            recorded: dict[str, Any] = row.output
+            return recorded
+        return self._wait(step, name, row, spec)
+
+    def _waiting_tool(
+        self, step: int, t: Tool, tool_call: dict[str, Any], call_id: str
+    ) -> dict[str, Any]:
+        row = self._recorded(step, "wait", t.name)
+        if row is not None and row.status == "done":
+            self.read_back.append(step)
+            recorded: dict[str, Any] = row.output
+            return recorded
+        if row is None:
+            arguments, problem = _parse_arguments(t, t.name, tool_call)
+            spec: dict[str, Any] | None = None
+            if arguments is not None and t.wait is not None:
+                try:
+                    spec = t.wait(arguments)
+                except ValueError as error:  # InvalidArgument: a value out of range
+                    problem = f"Error: invalid arguments for {t.name}: {error}. Try again."
+            if problem is not None or spec is None:
+                output = _canonical({"content": problem, "error": True})
+                raw = (tool_call.get("function") or {}).get("arguments")
+                intent = _canonical({"arguments": raw, "tool_call_id": call_id})
+                self.guard.check()
+                self.journal.insert_done(step, "wait", t.name, intent, None, output)
+                self.executed.append(step)
+                return output
+            spec = {**spec, "arguments": arguments, "tool_call_id": call_id}
+        else:
+            spec = {}
+        return self._wait(step, t.name, row, spec)
+
+    def _wait(self, step: int, name: str, row: Step | None, spec: dict[str, Any]) -> dict[str, Any]:
+        if self.parking is None:
+            raise TurnFailed(
+                f"turn {self.turn_id} step {step}: {name} waits, and this run cannot park a "
+                "turn (a replay or a test journal): run it on a worker"
+            )
+        self.guard.check()
+        if row is None:
+            intent = _canonical(self.parking.prepare(step, spec))
+            self.journal.insert_intent(step, "wait", name, intent, None)
+        else:
+            intent = dict(row.input)
+        self.faults.maybe_crash(step, "before_run", name)
+        parked = lambda: self.faults.maybe_crash(step, "after_run", name)  # noqa: E731
+        output = _canonical(self.parking.wait(step, intent, parked))
+        self.faults.maybe_crash(step, "after_run", name)
+        self.guard.check()
+        self.journal.record_outcome(step, output)
+        self.executed.append(step)
         return output
 
     def _invoke(self, t: Tool, step: int, intent: dict[str, Any]) -> dict[str, Any]:

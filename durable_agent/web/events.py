@@ -63,6 +63,8 @@ def _after(request: Request) -> int:
 
 
 def _encode(runtime: Runtime, event: TurnEvent, row: object) -> str:
+    if event.parent_turn_id is not None:
+        return ""  # a child turn's step: the child's own page shows it
     if event.step is not None:
         turn = runtime.journal.get_turn(event.turn_id)
         html = row.render(r=step_row(event.step, turn))  # type: ignore[attr-defined]

@@ -12,7 +12,7 @@ from starlette.templating import Jinja2Templates
 from .. import ops
 from ..errors import DurableAgentError, InvalidArgument
 from ..inputs import check_id
-from ..journal import Step, Turn, TurnFilter, TurnStatus
+from ..journal import Step, Turn, TurnFilter, TurnStatus, WaitStore
 from ..runtime import Runtime
 from . import charts
 from .auth import Authenticator, Identity
@@ -165,6 +165,9 @@ def last_done(steps: list[Step]) -> int:
 def waits_for(runtime: Runtime, turn: Turn, approvals: list[Any]) -> str:
     """What an open turn that is not running waits for, in words ("" for none)."""
     if turn.status == TurnStatus.WAITING:
+        wait = WaitStore(runtime.database).waits([turn.turn_id]).get(turn.turn_id)
+        if wait is not None and wait.kind != "approval":  # a time, an event, a child turn
+            return wait.describe()
         pending = [a for a in approvals if a.decision is None]
         calls = ", ".join(f"{a.tool} (step {a.step})" for a in pending) or "a decision"
         return f"an approval of {calls}"

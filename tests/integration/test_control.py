@@ -314,7 +314,7 @@ def test_denied_call_never_runs_and_the_model_reads_the_reason(
     ]
     clock.advance(3600)
     assert runtime.sweeper().sweep_once() == []  # never re-sent while it waits
-    with pytest.raises(TimeoutError, match="parked until a tool call is approved or denied"):
+    with pytest.raises(TimeoutError, match="parked: it waits"):
         runtime.wait_for_turn(turn.turn_id, 0.2)
     assert worker.handle(turn.turn_id).outcome == "refused"  # a stray copy runs nothing
 
@@ -578,7 +578,8 @@ def test_prune_deletes_old_finished_turns_and_keeps_what_is_still_needed(
     assert preview.returncode == 0, preview.stderr
     assert preview.stdout.strip() == (
         "would delete 1 finished turn(s) older than 30d (2 journal row(s)); "
-        "kept 1 with unresolved uncertain effects and 1 of sessions with an open turn"
+        "kept 1 with unresolved uncertain effects and 1 of sessions with an open turn "
+        "or children of an open turn"
     )
     assert store.find_turn(old) is not None
 

@@ -55,6 +55,9 @@ def test_migrate_on_empty_database_applies_0001_and_records_it(empty_db: Databas
         "approvals",
         "resolutions",
         "uncertain_notices",
+        "waits",
+        "events",
+        "child_turns",
         "audit_log",
     }
     require_current(empty_db)  # does not raise
@@ -151,6 +154,9 @@ def test_migrations_build_exactly_schema_sql(
         "approvals",
         "resolutions",
         "uncertain_notices",
+        "waits",
+        "events",
+        "child_turns",
         "audit_log",
     }
 

@@ -116,7 +116,7 @@ def test_the_benchmarks_page_shows_every_benchmark_of_the_results_file(
         assert f"<!-- generated: {name} -->" in page
         assert hooks.GENERATORS[name]().strip()
     results = hooks.bench_results()
-    assert {"journal", "throughput", "resume", "growth", "recovery"} <= set(results)
+    assert {"journal", "throughput", "resume", "growth", "recovery", "waits"} <= set(results)
     run = hooks.bench_run()
     assert results["run"]["date"] in run
     assert results["machine"]["postgres"] in run

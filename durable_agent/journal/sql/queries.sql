@@ -403,6 +403,8 @@ SELECT pg_try_advisory_xact_lock(:key);
 
 -- name: due_turns
 -- Open turns that have no live message, each once, with the reason:
+--   woken                a parked turn woke and has not been sent since (a woken turn is
+--                        sent at once by whoever woke it; this is the fallback)
 --   never enqueued       recorded, never sent (after a grace period)
 --   claim expired        its holder's lease ran out (once per expiry)
 --   deferral due         given back after a model outage, and now due (once)
@@ -451,6 +453,8 @@ probes AS MATERIALIZED (
 due AS (
     SELECT c.session_id, c.seq, c.turn_id, c.queue, c.created_at, c.trace_context,
            CASE
+             WHEN c.enqueued_at IS NULL AND c.lease_owner IS NULL AND c.lease_epoch > 0
+               THEN 'woken'
              WHEN c.enqueued_at IS NULL
                   AND c.created_at <= durable_agent_now() - make_interval(secs => :grace)
                THEN 'never enqueued'
@@ -526,7 +530,10 @@ WITH ended AS (
     WHERE t.turn_id = :turn_id AND c.turn_id = t.turn_id
       AND (t.status IN ('queued', 'waiting')
            OR (t.status = 'running' AND t.lease_expires_at <= durable_agent_now()))
-    RETURNING t.session_id, t.seq
+    RETURNING t.session_id, t.seq, t.turn_id
+),
+unparked AS (  -- a parked turn waits for nothing any more
+    DELETE FROM waits AS w USING ended WHERE w.turn_id = ended.turn_id
 )
 SELECT ended.session_id, ended.seq, next.turn_id AS next_turn_id, next.queue AS next_queue
 FROM ended
@@ -551,8 +558,9 @@ LEFT JOIN LATERAL durable_agent_next_open(ended.session_id, ended.seq) AS next O
 
 -- name: prune_preview
 -- What prune would delete: finished turns older than the cutoff whose session has no open
--- turn and that have no unresolved uncertain effect; and the old finished turns it keeps:
--- those of a session with an open turn (kept_open), the others for their unresolved
+-- turn, that are no child of an open turn (its wait step reads the child's reply) and that
+-- have no unresolved uncertain effect; and the old finished turns it keeps: those of a
+-- session with an open turn or of an open parent (kept_open), the others for their unresolved
 -- uncertain effects (kept).
 WITH old AS (
     SELECT t.turn_id,
@@ -564,6 +572,10 @@ WITH old AS (
              AS unresolved,
            EXISTS (SELECT 1 FROM turns AS o WHERE o.session_id = t.session_id
                    AND o.status IN ('queued', 'running', 'waiting'))
+           OR EXISTS (SELECT 1 FROM child_turns AS c
+                      JOIN turns AS p ON p.turn_id = c.parent_turn_id
+                      WHERE c.turn_id = t.turn_id
+                        AND p.status IN ('queued', 'running', 'waiting'))
              AS open_session
     FROM turns AS t
     WHERE t.status IN ('done', 'failed', 'cancelled')
@@ -586,6 +598,10 @@ WITH doomed AS (
       AND t.finished_at < durable_agent_now() - make_interval(secs => :older_than)
       AND NOT EXISTS (SELECT 1 FROM turns AS o WHERE o.session_id = t.session_id
                       AND o.status IN ('queued', 'running', 'waiting'))
+      AND NOT EXISTS (SELECT 1 FROM child_turns AS c
+                      JOIN turns AS p ON p.turn_id = c.parent_turn_id
+                      WHERE c.turn_id = t.turn_id
+                        AND p.status IN ('queued', 'running', 'waiting'))
       AND NOT EXISTS (SELECT 1 FROM journal AS j
                       WHERE j.turn_id = t.turn_id AND j.replay = 'never'
                         AND (j.status = 'intent' OR j.output @> '{"uncertain": true}')
@@ -704,29 +720,25 @@ ORDER BY a.requested_at, a.turn_id, a.step
 LIMIT :limit;
 
 -- name: park_for_approval
--- The claim's holder parks the turn at a tool call that needs approval: the call is
--- recorded as pending and the turn waits with no claim, no lease and no message, until a
--- decision sends it again. Fenced by the epoch; a cancelled turn does not park.
+-- The claim's holder parks the turn at a tool call that needs approval (durable_agent_park,
+-- kind 'approval', no due time) and records the call as pending, in one statement: the turn
+-- waits with no claim, no lease and no message until a decision sends it again. Fenced by
+-- the epoch; a cancelled turn does not park.
 WITH parked AS (
-    UPDATE turns
-    SET status = 'waiting', lease_owner = NULL, lease_expires_at = NULL,
-        enqueued_at = NULL, message_id = NULL, updated_at = durable_agent_now()
-    WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running'
-      AND NOT EXISTS (SELECT 1 FROM cancellations AS c WHERE c.turn_id = :turn_id)
-    RETURNING turn_id
+    SELECT durable_agent_park(:turn_id, :epoch, :step, 'approval', :tool, NULL) AS ok
 ),
 asked AS (
     INSERT INTO approvals (turn_id, step, tool, arguments, idempotency_key, requested_at)
-    SELECT turn_id, :step, :tool, CAST(:arguments AS jsonb), :idempotency_key,
+    SELECT :turn_id, :step, :tool, CAST(:arguments AS jsonb), :idempotency_key,
            durable_agent_now()
-    FROM parked
+    FROM parked WHERE ok
     ON CONFLICT (turn_id, step) DO NOTHING
 )
-SELECT turn_id FROM parked;
+SELECT CAST(:turn_id AS text) AS turn_id FROM parked WHERE ok;
 
 -- name: decide_approval
--- Approve or deny a pending call of a waiting turn, once; the turn is queued again (the
--- caller sends it). Nothing changes unless the call is pending and the turn waiting.
+-- Approve or deny a pending call of a waiting turn, once; the turn wakes (queued, its wait
+-- gone; the caller sends it). Nothing changes unless the call is pending and the turn waiting.
 WITH decided AS (
     UPDATE approvals
     SET decision = :decision, reason = :reason, decided_by = :decided_by,
@@ -734,11 +746,161 @@ WITH decided AS (
     WHERE turn_id = :turn_id AND step = :step AND decision IS NULL
       AND EXISTS (SELECT 1 FROM turns WHERE turn_id = :turn_id AND status = 'waiting')
     RETURNING turn_id
+),
+unparked AS (
+    DELETE FROM waits AS w USING decided WHERE w.turn_id = decided.turn_id
 )
-UPDATE turns AS t SET status = 'queued', updated_at = durable_agent_now()
+UPDATE turns AS t
+SET status = 'queued', enqueued_at = NULL, message_id = NULL, updated_at = durable_agent_now()
 FROM decided
 WHERE t.turn_id = decided.turn_id AND t.status = 'waiting'
 RETURNING t.session_id, t.turn_id, t.queue;
+
+-- ---------------------------------------------------------------------------------------
+-- parked turns: sleeps, events, child agents (journal/waits.py). A parked turn is
+-- `waiting`, with no claim, no lease and no message; `waits` says why and until when.
+-- ---------------------------------------------------------------------------------------
+
+-- name: park_turn
+-- The claim's holder parks the turn at a wait step (durable_agent_park): unless what it
+-- waits for is there already or its due time has passed; fenced by the epoch; a cancelled
+-- turn does not park. Waits for the WAL flush, which takes every earlier write of the turn
+-- with it.
+SELECT durable_agent_park(:turn_id, :epoch, :step, :kind, :name,
+                          CAST(:wake_at AS timestamptz)) AS parked;
+
+-- name: wake_due
+-- The sweeper wakes parked turns whose due time passed, and (should a waker have died
+-- between its write and the wake) those whose event or child is there: queued, no message.
+WITH due AS (
+    SELECT w.turn_id FROM waits AS w
+    WHERE (w.wake_at <= durable_agent_now()
+           OR (w.kind IN ('event', 'child') AND durable_agent_wait_met(w.turn_id, w.kind, w.name)))
+    ORDER BY w.wake_at NULLS LAST
+    LIMIT :batch
+    FOR UPDATE SKIP LOCKED
+),
+gone AS (
+    DELETE FROM waits AS w USING due WHERE w.turn_id = due.turn_id RETURNING w.turn_id
+)
+UPDATE turns AS t
+SET status = 'queued', enqueued_at = NULL, message_id = NULL, updated_at = durable_agent_now()
+FROM gone
+WHERE t.turn_id = gone.turn_id AND t.status = 'waiting'
+RETURNING t.turn_id;
+
+-- name: next_wake
+-- When the earliest due time of a parked turn comes (NULL: none): the sweeper's next pass.
+SELECT min(wake_at) FROM waits WHERE wake_at IS NOT NULL;
+
+-- name: claim_send
+-- A woken turn not sent yet: this process sends it (the first to ask wins; the sweeper
+-- sends it otherwise). Returns it when this caller is to publish.
+UPDATE turns
+SET enqueued_at = durable_agent_now(), message_id = :message_id
+WHERE turn_id = :turn_id AND status = 'queued' AND enqueued_at IS NULL
+RETURNING session_id, turn_id, queue;
+
+-- name: record_event
+-- An event for a turn (durable_agent_send_event): kept for an open turn, the turn woken if
+-- it waits for that name. No row: no such turn.
+SELECT turn_status AS status, recorded, recorded_name, woke
+FROM durable_agent_send_event(:turn_id, :event_id, :name, CAST(:payload AS jsonb));
+
+-- name: wake
+-- Wake the turn if it is parked for (kind, name) (see durable_agent_wake).
+SELECT durable_agent_wake(:turn_id, :kind, :name) AS woke;
+
+-- name: consume_event
+-- The event a wait at :step consumed: the one it took before (a redelivered turn), or the
+-- oldest unconsumed one of that name, taken now, once. Fenced by the claim's epoch.
+WITH fence AS (
+    SELECT turn_id FROM turns
+    WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running'
+    FOR SHARE
+),
+mine AS (
+    SELECT e.turn_id, e.event_id, e.name, e.payload, e.sent_at FROM events AS e
+    WHERE e.turn_id = :turn_id AND e.consumed_step = :step
+),
+oldest AS (
+    SELECT e.event_id FROM events AS e, fence
+    WHERE e.turn_id = fence.turn_id AND e.name = :name AND e.consumed_step IS NULL
+      AND NOT EXISTS (SELECT 1 FROM mine)
+    ORDER BY e.sent_at, e.event_id
+    LIMIT 1
+    FOR UPDATE OF e
+),
+taken AS (
+    UPDATE events AS e SET consumed_step = :step, consumed_at = durable_agent_now()
+    FROM oldest
+    WHERE e.turn_id = :turn_id AND e.event_id = oldest.event_id
+    RETURNING e.turn_id, e.event_id, e.name, e.payload, e.sent_at
+)
+SELECT turn_id, event_id, name, payload, sent_at FROM mine
+UNION ALL
+SELECT turn_id, event_id, name, payload, sent_at FROM taken;
+
+-- name: list_events
+-- The events sent to a turn, oldest first, with the step that consumed each (NULL: none
+-- yet) and the turn's status (an unconsumed event of an ended turn was never read).
+SELECT e.turn_id, e.event_id, e.name, e.payload, e.sent_at, e.consumed_step, e.consumed_at,
+       t.status AS turn_status
+FROM events AS e JOIN turns AS t ON t.turn_id = e.turn_id
+WHERE e.turn_id = :turn_id
+ORDER BY e.sent_at, e.event_id
+LIMIT :limit;
+
+-- name: list_waits
+-- What the chosen parked turns wait for, and until when.
+SELECT turn_id, step, kind, name, wake_at, parked_at FROM waits
+WHERE turn_id = ANY(CAST(:turn_ids AS text[]));
+
+-- name: turn_depth
+-- How deep a turn is among child agents (0: started by an application).
+SELECT coalesce((SELECT depth FROM child_turns WHERE turn_id = :turn_id), 0);
+
+-- name: create_child
+-- The child turn a wait step starts, under the id derived from the parent's (turn, step):
+-- created once (a redelivered parent finds it), linked to the parent, fenced by the
+-- parent's claim. Returns whether the parent's claim held, and the child's status.
+WITH fence AS (
+    SELECT turn_id FROM turns
+    WHERE turn_id = :parent_turn_id AND lease_epoch = :epoch AND status = 'running'
+      AND NOT EXISTS (SELECT 1 FROM cancellations AS c WHERE c.turn_id = :parent_turn_id)
+    FOR SHARE
+),
+created AS (
+    INSERT INTO turns (turn_id, session_id, seq, message, queue, agent, created_at, updated_at)
+    SELECT :turn_id, :turn_id, 0, :message, :queue, :agent, durable_agent_now(),
+           durable_agent_now()
+    FROM fence
+    ON CONFLICT DO NOTHING
+    RETURNING turn_id
+),
+linked AS (
+    INSERT INTO child_turns (turn_id, parent_turn_id, parent_step, depth)
+    SELECT turn_id, :parent_turn_id, :parent_step, :depth FROM created
+    RETURNING turn_id
+)
+SELECT EXISTS (SELECT 1 FROM fence) AS held, EXISTS (SELECT 1 FROM linked) AS created;
+
+-- name: open_children
+-- The open child turns of a turn (a cancel of the parent cancels them too).
+SELECT c.turn_id FROM child_turns AS c JOIN turns AS t ON t.turn_id = c.turn_id
+WHERE c.parent_turn_id = :turn_id AND t.status IN ('queued', 'running', 'waiting')
+ORDER BY c.parent_step;
+
+-- name: children_of
+-- The child turns of the chosen turns, with the step that started each and their depth.
+SELECT c.turn_id, c.parent_turn_id, c.parent_step, c.depth, t.agent, t.status
+FROM child_turns AS c JOIN turns AS t ON t.turn_id = c.turn_id
+WHERE c.parent_turn_id = ANY(CAST(:turn_ids AS text[]))
+ORDER BY c.parent_turn_id, c.parent_step;
+
+-- name: parent_of
+-- The parent of a child turn (no row: none).
+SELECT parent_turn_id, parent_step, depth FROM child_turns WHERE turn_id = :turn_id;
 
 -- ---------------------------------------------------------------------------------------
 -- the spend ledger
@@ -866,6 +1028,11 @@ ORDER BY agent, max(created_at) DESC;
 -- name: listen_turns
 -- On a connection of its own, kept open: be told of every announcement.
 LISTEN durable_agent;
+
+-- name: listen_wakes
+-- On a connection of its own, kept open: be told of every parked turn that woke
+-- (`durable_agent_wake`, payload: the turn id), to send it at once.
+LISTEN durable_agent_wake;
 
 -- name: announce
 -- Announce a durable write after it committed (`step <n> <turn_id>`, `turn <status>

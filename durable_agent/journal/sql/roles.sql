@@ -20,15 +20,18 @@ END
 $roles$;
 
 REVOKE ALL ON turns, journal, blobs, cancellations, approvals, resolutions, uncertain_notices,
-              audit_log, schema_version
+              audit_log, schema_version, waits, events, child_turns
     FROM "{application}", "{worker}", "{operator}";
 GRANT USAGE ON SCHEMA "{schema}" TO "{application}", "{worker}", "{operator}";
 GRANT CONNECT ON DATABASE "{database}" TO "{application}", "{worker}", "{operator}";
 
 -- the application: record turns and send them (enqueued_at, message_id), read turns,
--- replies, steps and streams, list approvals. It cannot write the journal, claim a turn
--- (status, lease), decide or change a decision, cancel, prune, or touch the audit trail.
-GRANT SELECT ON turns, journal, blobs, cancellations, approvals, resolutions, schema_version
+-- replies, steps and streams, list approvals, what parked turns wait for and their events.
+-- It cannot write the journal, claim a turn (status, lease), decide or change a decision,
+-- cancel, prune, or touch the audit trail. It sends events through durable_agent_send_event
+-- (SECURITY DEFINER: the event kept, the turn it satisfies woken, nothing else).
+GRANT SELECT ON turns, journal, blobs, cancellations, approvals, resolutions, schema_version,
+                waits, events, child_turns
     TO "{application}";
 GRANT INSERT ON turns TO "{application}";
 GRANT UPDATE (enqueued_at, message_id) ON turns TO "{application}";
@@ -37,17 +40,20 @@ GRANT UPDATE (enqueued_at, message_id) ON turns TO "{application}";
 -- and append to the audit trail (a turn resumed under a changed agent). They cannot
 -- decide an approval, record a cancel or a verdict, delete anything, or change the trail.
 GRANT SELECT ON turns, journal, blobs, cancellations, approvals, resolutions,
-                uncertain_notices, schema_version
+                uncertain_notices, schema_version, waits, events, child_turns
     TO "{worker}";
 GRANT INSERT, UPDATE ON turns, journal, blobs, uncertain_notices TO "{worker}";
-GRANT INSERT ON approvals, audit_log TO "{worker}";
+GRANT INSERT ON approvals, audit_log, child_turns TO "{worker}";
+-- parks and wakes (waits), events consumed, child turns started
+GRANT INSERT, UPDATE, DELETE ON waits TO "{worker}";
+GRANT UPDATE (consumed_step, consumed_at) ON events TO "{worker}";
 
 -- operators: everything the workers may, and decide approvals, cancel, resolve, prune,
 -- rekey; read and append to the audit trail. Nobody updates or deletes an audit entry.
 GRANT SELECT ON turns, journal, blobs, cancellations, approvals, resolutions,
-                uncertain_notices, audit_log, schema_version
+                uncertain_notices, audit_log, schema_version, waits, events, child_turns
     TO "{operator}";
 GRANT INSERT, UPDATE, DELETE ON turns, journal, blobs, cancellations, approvals, resolutions,
-                                uncertain_notices
+                                uncertain_notices, waits, events, child_turns
     TO "{operator}";
 GRANT INSERT ON audit_log TO "{operator}";
