@@ -35,8 +35,16 @@ import openai
 from ..errors import ConfigurationError, ModelRateLimited, ModelUnavailable, TurnFailed
 from ..redact import redact
 from ..settings import Settings
-from .model_stream import DeltaSink, StreamedAnswer, with_usage
+from .model_stream import DeltaSink, StreamedAnswer, chunks_of, with_usage
 from .responses import call_responses
+
+_TRANSPORT_ERRORS: tuple[type[Exception], ...] = (httpx.HTTPError,)
+try:  # the HTTP client of the openai SDK's recent releases (a fork of httpx)
+    import httpx2  # type: ignore[import-not-found,unused-ignore]
+
+    _TRANSPORT_ERRORS += (httpx2.HTTPError,)
+except ImportError:  # pragma: no cover - an older SDK on httpx
+    pass
 
 _RETRYABLE_STATUSES = frozenset({408, 409, 429})
 _CONFIGURATION = {
@@ -84,9 +92,10 @@ class ModelClient:
             if "input" in request:
                 return call_responses(self.client, request, on_delta, self.where)
             if request.get("stream"):
-                stream = self.client.chat.completions.create(**with_usage(request))
-                with stream:
-                    answer = StreamedAnswer().read(stream, on_delta)
+                create = self.client.chat.completions.with_streaming_response.create
+                with create(**with_usage(request)) as streamed:
+                    chunks = chunks_of(streamed.iter_lines(), streamed.http_request)
+                    answer = StreamedAnswer().read(chunks, on_delta)
                 content, calls, finish = answer.parts(self.where)
                 return _checked(content, calls, finish, answer.model, answer.usage, self.where)
             response = self.client.chat.completions.create(**request)
@@ -101,7 +110,7 @@ class ModelClient:
                 f"the model API at {self.where} answered 200 with a body that is not a "
                 f"completion ({type(error).__name__}: {redact(str(error))[:200]})"
             ) from error
-        except httpx.HTTPError as error:  # a stream whose connection dropped halfway
+        except _TRANSPORT_ERRORS as error:  # a stream whose connection dropped halfway
             raise ModelUnavailable(
                 f"the stream from the model API at {self.where} broke off: "
                 f"{type(error).__name__}: {redact(str(error))[:200]}"
