@@ -241,7 +241,7 @@ def run(*, turns: int = 30, warmup: int = 5) -> dict[str, Any]:
         ScriptedModelServer(email_policy) as model,
         SmtpInbox() as inbox,
     ):
-        bench = Bench(url, Path(logs), model, inbox)
+        bench = Bench(url, Path(logs), model, inbox, stream=False)  # as the throughput's
         workers: dict[str, ProbedWorker | ProbedBareWorker] = {}
         try:
             for side, kind in (("bare", ProbedBareWorker), ("ours", ProbedWorker)):
