@@ -89,8 +89,9 @@ WHERE turn_id = :turn_id AND status IN ('queued', 'running');
 -- the journal: every write is fenced by the writer's epoch. The share lock on the turn row
 -- makes a concurrent claim either wait for the write or make it write nothing.
 --
--- :durable says whether the write waits for the WAL flush. The intent and the outcome of
--- a `never` tool do (the intent before the tool runs); the other writes do not. A worker
+-- :durable says whether the write waits for the WAL flush. The intent of a `never` tool
+-- does (before the tool runs); the other writes do not, its outcome included (lost in a
+-- Postgres crash, the flushed intent reads as "may or may not have happened"). A worker
 -- crash loses nothing of them: the commit happened, only its flush is late. A Postgres
 -- crash can lose the last moments of the WAL, always a suffix of it, so what survives is
 -- a prefix of the journal; any later durable commit (a `never` step, the end of the turn)
