@@ -7,19 +7,21 @@ test_wakes_in_transaction.py."""
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
 import redis
+from psycopg import sql
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session
 
-from durable_agent import send_event
+from durable_agent import approve, send_event
 from durable_agent.delivery.turn_worker import TurnWorker
 from durable_agent.errors import ConfigurationError, InvalidArgument, TurnNotFound
-from durable_agent.journal import WaitStore
+from durable_agent.journal import WaitStore, create_roles, role_names
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
 from durable_agent.testing.harness import queued_turns
@@ -193,3 +195,30 @@ def test_bad_calls_say_so_and_leave_the_transaction_usable(
             send_event(turn_id, "go", settings=wait_settings, connection=conn)
     finally:
         other.dispose()
+
+
+def test_the_application_role_sends_events_in_its_transaction_but_cannot_decide(
+    wait_settings: Settings, runtime: Runtime, parked: Callable[[str], str], database_url: str
+) -> None:
+    """On a connection of the application's role (``durable-agent roles``): the event goes
+    through the SECURITY DEFINER function; a decision is refused, in its savepoint only."""
+    names = role_names(f"da_{uuid.uuid4().hex[:10]}")
+    create_roles(
+        runtime.database, names, {k: "unused" for k in ("application", "worker", "operator")}
+    )
+    try:
+        turn_id = parked("s1")
+        info = psycopg.conninfo.conninfo_to_dict(database_url)
+        app_url = f"postgresql://{names.application}@{info['host']}:{info['port']}/{info['dbname']}"
+        with psycopg.connect(app_url) as conn:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                approve(turn_id, 0, settings=wait_settings, connection=conn)
+            assert _send(wait_settings, turn_id, conn) == "woke"  # the transaction goes on
+            conn.commit()
+        assert runtime.journal.get_turn(turn_id).status == "queued"
+        assert [e.event_id for e in WaitStore(runtime.database).events(turn_id)] == ["e1"]
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            for role in names:
+                conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+                conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
