@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
 import openai
 
 from ..errors import ConfigurationError, ModelRateLimited, ModelUnavailable, TurnFailed
@@ -38,6 +37,18 @@ from ..settings import Settings
 from .model_stream import DeltaSink, StreamedAnswer, with_usage
 from .responses import call_responses
 
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """The HTTP library's own error class, which a stream broken off halfway raises through
+    the SDK: ``httpx2`` for the openai SDK's recent releases, ``httpx`` for older ones.
+    Neither is ours to depend on: the SDK brings the one it uses, loaded by now."""
+    import sys
+
+    modules = (sys.modules.get(name) for name in ("httpx2", "httpx"))
+    return tuple(module.HTTPError for module in modules if module is not None)
+
+
+_TRANSPORT_ERRORS = _transport_errors()
 _RETRYABLE_STATUSES = frozenset({408, 409, 429})
 _CONFIGURATION = {
     401: "the model API refused the key (check OPENAI_API_KEY)",
@@ -101,7 +112,7 @@ class ModelClient:
                 f"the model API at {self.where} answered 200 with a body that is not a "
                 f"completion ({type(error).__name__}: {redact(str(error))[:200]})"
             ) from error
-        except httpx.HTTPError as error:  # a stream whose connection dropped halfway
+        except _TRANSPORT_ERRORS as error:  # a stream whose connection dropped halfway
             raise ModelUnavailable(
                 f"the stream from the model API at {self.where} broke off: "
                 f"{type(error).__name__}: {redact(str(error))[:200]}"
