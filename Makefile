@@ -8,7 +8,7 @@ DBOS_VERSION ?= 3.4.0
 # are handed out in order, the long ones first (the `long` marker, tests/conftest.py).
 PYTEST_ARGS ?= -n 3 --dist load
 
-.PHONY: install test test-compose unit lint format demo docs bench bench-quick bench-peers clean
+.PHONY: install test test-long test-compose unit lint format demo docs bench bench-quick bench-peers clean
 
 install: $(VENV)/.installed
 
@@ -18,8 +18,14 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test,evals,embedded,docs,sqlalchemy,examples,console,otel,metrics,encryption]'
 	touch $@
 
+# everything but the long fault runs (under 4 minutes here)
 test: install
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(PYTEST_ARGS) -m "not long and not compose"
+
+# the long fault runs: the crash matrices, chaos, twenty killed children, Postgres outages,
+# the evals end to end (a few minutes; CI runs them after make test)
+test-long: install
+	$(BIN)/pytest $(PYTEST_ARGS) -m "long and not compose"
 
 # compose.yaml for real: needs Docker with Compose v2 (../shared/containers/engine.sh up)
 test-compose: install

@@ -736,6 +736,37 @@ def bench_fairness() -> str:
     return table(header, rows) + "\n"
 
 
+def bench_fleet() -> str:
+    section = _section("fleet")
+    rows = []
+    for c in section["fleet"]:
+        ours, bare = c["ours"], c["bare"]
+        cpu = _median(ours["postgres_cpu_ms_per_step"])
+        rows.append(
+            [
+                f"{c['workers']} x {c['slots_per_worker']}",
+                "on" if c["group_commit"] else "off",
+                f"{_median(ours['turns_per_s']):.1f}",
+                f"{_median(bare['turns_per_s']):.1f}",
+                f"**{c['ratio']:.2f}x**",
+                f"{ours['latency_ms']['p50']:.0f} / {ours['latency_ms']['p99']:.0f}",
+                f"{bare['latency_ms']['p50']:.0f} / {bare['latency_ms']['p99']:.0f}",
+                f"{cpu:.3f}",
+                f"{1000 / cpu:,.0f}" if cpu > 0 else "n/a",
+            ]
+        )
+    header = ["workers x slots", "group commit", "ours turns/s", "bare turns/s", "ours / bare",
+              "ours p50 / p99 ms", "bare p50 / p99 ms", "Postgres CPU ms per step",
+              "steps/s per Postgres core"]  # fmt: skip
+    when = section.get("date")
+    return (
+        table(header, rows)
+        + f"\n\nThe model answers in {section['model_ms']:.0f} ms."
+        + (f" Measured {when}, in a run of its own (`python -m bench fleet`)." if when else "")
+        + "\n"
+    )
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "cli": cli_reference,
     "configuration": configuration_reference,
@@ -748,6 +779,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "bench-telemetry": bench_telemetry,
     "bench-sealing": bench_sealing,
     "bench-timeline": bench_timeline,
+    "scaling-fleet": bench_fleet,
     "bench-streaming": bench_streaming,
     "bench-budgets": bench_budgets,
     "bench-fairness": bench_fairness,

@@ -78,6 +78,18 @@ class Doorbell:
     queue: str
     trace: str = ""  # the trace context stored with the turn (tracing on)
 
+    @property
+    def key(self) -> tuple[str, str]:
+        return ("start", self.turn_id)
+
+    def visible(self) -> bool:
+        """Whether the transaction that recorded the turn has committed (seen from
+        durable-agent's own connection)."""
+        return self.runtime.journal.find_turn(self.turn_id) is not None
+
+    def grace_seconds(self) -> float:
+        return self.runtime.sweeper().grace_seconds
+
     def ring(self) -> None:
         """Send it now (its message id noted first, as every send does). Never raises: the
         application's transaction has committed, and the sweeper sends what is not sent."""
@@ -101,10 +113,10 @@ def start_in_transaction(
     concurrency_key: str | None = None,
 ) -> str:
     """Record the turn on ``connection`` in its transaction; ring after the commit."""
-    lent = _lend(connection)
+    lent = lend(connection)
     name, queue = runtime.agent_queue(agent)
     conn = lent.psycopg_connection()
-    _check_same_database(runtime, conn)
+    check_same_database(runtime, conn)
     trace = runtime.trace_context()  # the caller's span, when tracing is on
     turn = record_turn(
         conn,
@@ -123,25 +135,53 @@ def start_in_transaction(
     return turn.turn_id
 
 
-def _check_same_database(runtime: StartParts, conn: psycopg.Connection[Any]) -> None:
+def check_same_database(
+    runtime: StartParts | Any, conn: psycopg.Connection[Any], what: str = "start_turn"
+) -> None:
+    """ConfigurationError unless ``conn`` reaches the database of ``runtime``."""
     ours = conninfo_to_dict(runtime.database.conninfo).get("dbname")
     if ours and conn.info.dbname != ours:
         raise ConfigurationError(
-            f"the connection given to start_turn reaches the database {conn.info.dbname!r}, "
+            f"the connection given to {what} reaches the database {conn.info.dbname!r}, "
             f"durable-agent's is {ours!r} (DURABLE_AGENT_DATABASE_URL): a turn recorded there "
             "would never run"
         )
 
 
-class _Lent(Protocol):
+class Bell(Protocol):
+    """What to do once the application's transaction commits: a turn's ``Doorbell``, or the
+    send of a turn woken in it (``app_wakes.py``)."""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """One bell per key and transaction (the same turn started twice: one message)."""
+        ...
+
+    def visible(self) -> bool:
+        """Whether what the transaction wrote is visible on durable-agent's own connection
+        (it committed)."""
+        ...
+
+    def grace_seconds(self) -> float:
+        """How long to look for ``visible`` before leaving the send to the sweeper."""
+        ...
+
+    def ring(self) -> None:
+        """Send now; never raises (the sweeper sends what is not sent)."""
+        ...
+
+
+class Lent(Protocol):
     """A connection of the application: its psycopg connection, and its commit."""
 
     def psycopg_connection(self) -> psycopg.Connection[Any]: ...
 
-    def after_commit(self, doorbell: Doorbell) -> None: ...
+    def after_commit(self, doorbell: Bell) -> None: ...
 
 
-def _lend(connection: object) -> _Lent:
+def lend(connection: object) -> Lent:
+    """The application's ``connection`` (SQLAlchemy Session, scoped_session or Connection on
+    psycopg 3, or a psycopg 3 Connection), or InvalidArgument / ConfigurationError."""
     if isinstance(connection, psycopg.Connection):
         return _LentPsycopg(connection)
     if isinstance(connection, psycopg.AsyncConnection):
@@ -197,10 +237,11 @@ class _LentPsycopg:
     def psycopg_connection(self) -> psycopg.Connection[Any]:
         return self.conn
 
-    def after_commit(self, doorbell: Doorbell) -> None:
+    def after_commit(self, doorbell: Bell) -> None:
         """Nothing to do: psycopg has no commit hook, so the sweeper sends the turn as
         never enqueued after its grace period (or the application starts it again by its
-        id after its commit, which sends it at once)."""
+        id after its commit, which sends it at once); a woken turn is sent by a worker's
+        waker as the commit delivers its announcement, else by the sweeper's next pass."""
 
 
 class _LentSession:
@@ -212,12 +253,12 @@ class _LentSession:
     def psycopg_connection(self) -> psycopg.Connection[Any]:
         return _driver_connection(self.session.connection())  # begins the Session's transaction
 
-    def after_commit(self, doorbell: Doorbell) -> None:
+    def after_commit(self, doorbell: Bell) -> None:
         session = self.session
         if _PENDING not in session.info:
             session.info[_PENDING] = []
             _listen_to(session)
-        if any(d.turn_id == doorbell.turn_id for _, d in session.info[_PENDING]):
+        if any(d.key == doorbell.key for _, d in session.info[_PENDING]):
             return  # the same turn started twice in this transaction: one message
         recorded_in = session.get_nested_transaction() or session.get_transaction()
         session.info[_PENDING].append((_chain(recorded_in), doorbell))
@@ -268,12 +309,12 @@ class _LentConnection:
             self.connection.begin()  # what SQLAlchemy's autobegin does for any statement
         return _driver_connection(self.connection)
 
-    def after_commit(self, doorbell: Doorbell) -> None:
+    def after_commit(self, doorbell: Bell) -> None:
         connection = self.connection
         if _PENDING not in connection.info:
             connection.info[_PENDING] = []
             _watch_commits(connection)
-        if all(d.turn_id != doorbell.turn_id for d in connection.info[_PENDING]):
+        if all(d.key != doorbell.key for d in connection.info[_PENDING]):
             connection.info[_PENDING].append(doorbell)
 
 
@@ -298,15 +339,15 @@ def _watch_commits(connection: SAConnection) -> None:
     event.listen(connection, "rollback", rolling_back)
 
 
-def _ring_when_visible(pending: list[Doorbell]) -> None:
-    """Ring each doorbell once its turn is visible, i.e. its transaction committed (the
-    ``commit`` event comes just before the commit); give up after the sweeper's grace."""
-    grace = pending[0].runtime.sweeper().grace_seconds
+def _ring_when_visible(pending: list[Bell]) -> None:
+    """Ring each doorbell once what it recorded is visible, i.e. its transaction committed
+    (the ``commit`` event comes just before the commit); give up after the sweeper's grace."""
+    grace = pending[0].grace_seconds()
     deadline = time.monotonic() + grace
     look = _FIRST_LOOK
     while pending:
         try:
-            visible = [d for d in pending if d.runtime.journal.find_turn(d.turn_id) is not None]
+            visible = [d for d in pending if d.visible()]
         except Exception as error:
             log.warning("turns recorded; %s; the sweeper will enqueue them", error)
             return

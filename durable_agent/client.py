@@ -124,13 +124,26 @@ class _SendEvent:
         *,
         event_id: str | None = None,
         settings: Settings | None = None,
+        connection: object | None = None,
     ) -> EventSent:
         """Send the event ``name`` with ``payload`` (JSON values) to a turn; it wakes the turn
         if it waits for ``name`` (``ctx.wait_for_event``), else it is kept until it does.
         Each event is read once; the same ``event_id`` sent again changes nothing (give one to
         make a retried send safe). Returns what happened (``woke``, ``kept``,
-        ``duplicate``); raises TurnNotFound, or TurnEnded when the turn has ended."""
-        return deliver_event(runtime_for(settings), turn_id, name, payload, event_id)
+        ``duplicate``); raises TurnNotFound, or TurnEnded when the turn has ended.
+
+        ``connection``: record the event in your own transaction instead, on a SQLAlchemy
+        ``Session`` or ``Connection`` (on the psycopg 3 driver) or a psycopg 3 connection,
+        as ``start_turn(connection=...)`` does. The event exists, and the turn wakes, only if
+        that transaction commits; the woken turn is sent after the commit. The result is
+        what holds in your transaction (``on_commit`` is True): ``woke`` means "wakes when
+        it commits". A rollback leaves no event and the turn still waits."""
+        runtime = runtime_for(settings)
+        if connection is not None:
+            from .app_wakes import send_event_in_transaction
+
+            return send_event_in_transaction(runtime, connection, turn_id, name, payload, event_id)
+        return deliver_event(runtime, turn_id, name, payload, event_id)
 
     def delay(
         self,

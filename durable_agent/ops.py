@@ -13,9 +13,10 @@ from datetime import datetime
 from .journal import Approval, AuditEntry, PruneCount, RekeyCount
 from .operate import approvals, protection, retention, uncertain
 from .operate import cancel as control
+from .operate.approvals import Decision
 from .operate.cancel import CancelResult
 from .operate.uncertain import UncertainEffect, Verdict
-from .runtime import runtime_for
+from .runtime import Runtime, runtime_for
 from .settings import Settings
 
 
@@ -121,9 +122,18 @@ def approve(
     note: str | None = None,
     by: str | None = None,
     settings: Settings | None = None,
+    connection: object | None = None,
 ) -> Approval:
-    """Let the waiting call at (turn, step) run; any worker resumes the turn."""
+    """Let the waiting call at (turn, step) run; any worker resumes the turn.
+
+    ``connection``: take the decision (and its audit entry) in your own transaction, on a
+    SQLAlchemy ``Session`` or ``Connection`` (psycopg 3 driver) or a psycopg 3 connection;
+    the turn is sent only after that transaction commits, and a rollback leaves the call
+    undecided and the turn waiting (see ``start_turn(connection=...)``). The returned
+    approval is as your transaction sees it."""
     runtime = runtime_for(settings)
+    if connection is not None:
+        return _decide_in_transaction(runtime, connection, turn_id, step, "approved", note, by)
     return approvals.approve(
         runtime.operator_store, runtime.get_turn, runtime.enqueue, turn_id, step, note=note, by=by
     )
@@ -136,11 +146,31 @@ def deny(
     *,
     by: str | None = None,
     settings: Settings | None = None,
+    connection: object | None = None,
 ) -> Approval:
-    """Refuse the waiting call: it never runs; the model reads the reason as its result."""
+    """Refuse the waiting call: it never runs; the model reads the reason as its result.
+    ``connection``: in your own transaction, as for :func:`approve`."""
     runtime = runtime_for(settings)
+    if connection is not None:
+        return _decide_in_transaction(runtime, connection, turn_id, step, "denied", reason, by)
     return approvals.deny(
         runtime.operator_store, runtime.get_turn, runtime.enqueue, turn_id, step, reason, by=by
+    )
+
+
+def _decide_in_transaction(
+    runtime: Runtime,
+    connection: object,
+    turn_id: str,
+    step: int,
+    decision: Decision,
+    reason: str | None,
+    by: str | None,
+) -> Approval:
+    from .app_wakes import decide_in_transaction
+
+    return decide_in_transaction(
+        runtime, runtime.get_turn, connection, turn_id, step, decision, reason=reason, by=by
     )
 
 

@@ -6,6 +6,15 @@ exist once the transaction commits, and the turn's message is sent only then; an
 fails (here: its reference is taken) rolls back, and its turn with it, and nothing is sent.
 ``GET /orders/{reference}`` shows the order with its turn.
 
+``POST /orders`` with ``"agent": "checkout"`` starts the ``checkout`` agent instead
+(``durable_agent_examples.waits``), which waits for the event ``payment_settled``.
+``POST /orders/{reference}/payments`` ``{"payment_id"}`` is the payment provider's webhook:
+it marks the order paid and sends that event to its turn in one transaction
+(``send_event(..., connection=session)``): the order is paid and the turn woken, or neither;
+the turn is sent once the transaction has committed. The provider's retry (the same
+``payment_id``) changes nothing; a payment the turn can no longer take (it ended) is refused
+and leaves the order unpaid.
+
 ``POST /chat`` ``{"session_id", "message"}`` is a streaming chat endpoint: it starts a turn
 and answers with server-sent events, the model's text as it is written (``token``), each
 finished step (``step``), then the ``end`` with the reply. A client that loses the connection
@@ -40,9 +49,11 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 
 from durable_agent import (
     InvalidArgument,
+    TurnEnded,
     TurnEvent,
     TurnNotFound,
     get_turn,
+    send_event,
     start_turn,
     stream_turn,
 )
@@ -60,12 +71,24 @@ class Order(Base):
     customer_email: Mapped[str] = mapped_column(Text)
     note: Mapped[str] = mapped_column(Text)
     turn_id: Mapped[str] = mapped_column(Text, unique=True)
+    payment_id: Mapped[str | None] = mapped_column(Text, default=None)
 
 
 class NewOrder(BaseModel):
     reference: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_-]+$")
     customer_email: str = Field(min_length=3, max_length=200, pattern=r"^[^@\s]+@[^@\s]+$")
     note: str = Field(default="launch", min_length=1, max_length=100)
+    agent: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]{0,63}$")
+
+
+class Payment(BaseModel):
+    payment_id: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_-]+$")
+
+
+class PaymentTaken(BaseModel):
+    reference: str
+    turn_id: str
+    outcome: str  # what send_event said: woke, kept, duplicate
 
 
 class PlacedOrder(BaseModel):
@@ -82,6 +105,7 @@ class OrderView(PlacedOrder):
     customer_email: str
     turn_status: str
     reply: str | None
+    payment_id: str | None
 
 
 def sqlalchemy_url(database_url: str) -> str:
@@ -118,7 +142,11 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         try:
             with db.begin():  # one transaction: the turn, then the order
                 turn_id = start_turn(
-                    f"order-{order.reference}", message, settings=settings, connection=db
+                    f"order-{order.reference}",
+                    message,
+                    agent=order.agent,
+                    settings=settings,
+                    connection=db,
                 )
                 db.add(
                     Order(
@@ -144,7 +172,31 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
             customer_email=found.customer_email,
             turn_status=turn.status.value,
             reply=turn.reply,
+            payment_id=found.payment_id,
         )
+
+    @app.post("/orders/{reference}/payments")
+    def take_payment(reference: str, payment: Payment, db: DbSession) -> PaymentTaken:
+        with db.begin():  # one transaction: the order paid, the event sent
+            order = db.get(Order, reference, with_for_update=True)
+            if order is None:
+                raise HTTPException(404, f"no order {reference}")
+            if order.payment_id not in (None, payment.payment_id):
+                raise HTTPException(409, f"order {reference} was paid by {order.payment_id}")
+            order.payment_id = payment.payment_id
+            try:
+                sent = send_event(
+                    order.turn_id,
+                    "payment_settled",
+                    {"payment_id": payment.payment_id, "email": order.customer_email},
+                    event_id=payment.payment_id,  # the provider's retry changes nothing
+                    settings=settings,
+                    connection=db,
+                )
+            except (TurnEnded, InvalidArgument) as error:  # rolled back: the order stays unpaid
+                raise HTTPException(409, str(error)) from None
+        # committed: "woke" means the turn woke at this commit and is on its way
+        return PaymentTaken(reference=reference, turn_id=order.turn_id, outcome=sent.outcome)
 
     @app.post("/chat")
     def chat(said: ChatMessage) -> Response:

@@ -116,15 +116,6 @@ def deliver_event(
     """``send_event`` on a runtime's parts (the Celery task, ``durable_agent.send_event``, the
     ``send-event`` command): the event recorded, and the turn it woke sent at once."""
     waits = WaitStore(runtime.database)
-
-    def events_of(turn_id: str) -> tuple[str, ...] | None:
-        turn = runtime.journal.find_turn(turn_id)
-        try:
-            agent = runtime.agents.get(turn.agent) if turn is not None else None
-        except ConfigurationError:  # this process cannot load the agents: no check here
-            return None
-        return agent.events if agent is not None else None
-
     return send_event(
         waits,
         lambda t: send_woken(waits, runtime.journal, runtime.publish, t),
@@ -132,5 +123,20 @@ def deliver_event(
         name,
         payload,
         event_id=event_id,
-        events_of=events_of,
+        events_of=events_of(runtime),
     )
+
+
+def events_of(runtime: EventParts) -> Callable[[str], tuple[str, ...] | None]:
+    """The event names a turn's agent declares (None: any; also for a turn not visible
+    here, e.g. one started in the same transaction as the event)."""
+
+    def declared(turn_id: str) -> tuple[str, ...] | None:
+        turn = runtime.journal.find_turn(turn_id)
+        try:
+            agent = runtime.agents.get(turn.agent) if turn is not None else None
+        except ConfigurationError:  # this process cannot load the agents: no check here
+            return None
+        return agent.events if agent is not None else None
+
+    return declared

@@ -15,7 +15,7 @@ from .db import Database, Row, conninfo_for, describe_url, on_connection
 from .holders import holder_is_dead, worker_identity
 from .leases import Leases
 from .ledger import Price, Spend, Tokens, parse_prices
-from .lent import record_turn
+from .lent import LentApprovals, LentWaits, record_turn
 from .migrations import (
     apply_missing,
     current_version,
@@ -78,6 +78,8 @@ __all__ = [
     "KeyProvider",
     "Kind",
     "Leases",
+    "LentApprovals",
+    "LentWaits",
     "ListDigest",
     "Migration",
     "OperatorStore",

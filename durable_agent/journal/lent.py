@@ -11,19 +11,23 @@ it is left when it rolls back.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
 
 from ..errors import ConfigurationError, InvalidArgument
-from .db import on_connection
+from .db import Row, on_connection
+from .operator_store import Approval, decision_audit
 from .records import Turn
 from .sealing import NO_SEALING, Sealer, Where
 from .turn_ids import new_turn_id, submitted_again
+from .waits import Recorded
 
 SAVEPOINT = "durable_agent_start_turn"
 _PLACES = 20
+T = TypeVar("T")
 
 
 def check_lendable(conn: psycopg.Connection[Any]) -> None:
@@ -101,3 +105,80 @@ def record_turn(
         assert row is not None
         return Turn.from_row(row)
     raise RuntimeError(f"could not place a new turn in session {session_id!r}")
+
+
+def _in_savepoint(conn: psycopg.Connection[Any], savepoint: str, run: Callable[[], T]) -> T:
+    """``run()`` inside a savepoint of the application's transaction: released when it
+    returns; rolled back to when Postgres refused a statement (the transaction stays usable)."""
+    check_lendable(conn)
+    conn.execute(f"SAVEPOINT {savepoint}", prepare=False)
+    try:
+        result = run()
+    except Exception:
+        if not conn.broken and conn.info.transaction_status == TransactionStatus.INERROR:
+            conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}", prepare=False)
+            conn.execute(f"RELEASE SAVEPOINT {savepoint}", prepare=False)
+        raise
+    conn.execute(f"RELEASE SAVEPOINT {savepoint}", prepare=False)
+    return result
+
+
+class LentWaits:
+    """``record_event`` on the application's connection, in its transaction (a savepoint):
+    the event is kept, and the turn it satisfies woken, only if that transaction commits.
+    The wake's announcement (``durable_agent_wake``) is delivered at that commit too."""
+
+    def __init__(self, conn: psycopg.Connection[Any], sealer: Sealer = NO_SEALING) -> None:
+        self.conn = conn
+        self.sealer = sealer
+
+    def record_event(self, turn_id: str, event_id: str, name: str, payload: Any) -> Recorded:
+        tx = on_connection(self.conn, self.sealer)
+        sealed = self.sealer.json(payload, Where(turn_id, "payload", key=event_id))
+        row = _in_savepoint(
+            self.conn,
+            "durable_agent_send_event",
+            lambda: tx.one(
+                "record_event", turn_id=turn_id, event_id=event_id, name=name, payload=sealed
+            ),
+        )
+        return Recorded.from_row(row)
+
+
+class LentApprovals:
+    """A decision on an approval on the application's connection, in its transaction (a
+    savepoint): the decision, its audit entry and the turn's wake are one with that
+    transaction; its announcement (``durable_agent_wake``) is delivered at the commit."""
+
+    def __init__(self, conn: psycopg.Connection[Any], sealer: Sealer = NO_SEALING) -> None:
+        self.conn = conn
+        self.tx = on_connection(conn, sealer)
+
+    def decide_approval(
+        self, turn_id: str, step: int, decision: str, reason: str | None, decided_by: str
+    ) -> tuple[str, str, str] | None:
+        """As ``OperatorStore.decide_approval``; the turn announced as woken at the commit."""
+
+        def decide() -> Row | None:
+            row = self.tx.one(
+                "decide_approval",
+                turn_id=turn_id,
+                step=step,
+                decision=decision,
+                reason=reason,
+                decided_by=decided_by,
+            )
+            if row is not None:
+                self.tx.run(
+                    "record_audit", **decision_audit(turn_id, step, decision, reason, decided_by)
+                )
+                self.tx.run("announce_wake", turn_id=turn_id)
+            return row
+
+        row = _in_savepoint(self.conn, "durable_agent_decide", decide)
+        return (row["session_id"], row["turn_id"], row["queue"]) if row else None
+
+    def find_approval(self, turn_id: str, step: int) -> Approval | None:
+        """The call as this transaction sees it (its decision included)."""
+        row = self.tx.one("find_approval", turn_id=turn_id, step=step)
+        return Approval.from_row(row) if row else None

@@ -18,6 +18,21 @@ from .records import Ended, _Row
 from .sealing import Where
 
 
+def decision_audit(
+    turn_id: str, step: int, decision: str, reason: str | None, decided_by: str
+) -> dict[str, Any]:
+    """The parameters of the audit entry of a decision on an approval."""
+    action: Action = "approve" if decision == "approved" else "deny"
+    return audit_params(
+        action,
+        decided_by,
+        turn_id=turn_id,
+        step=step,
+        before={"decision": None, "turn_status": "waiting"},
+        after={"decision": decision, "reason": reason, "turn_status": "queued"},
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Cancellation(_Row):
     """Who asked a turn to stop, why and when."""
@@ -289,17 +304,8 @@ class OperatorStore:
                 decided_by=decided_by,
             )
             if row is not None:
-                action: Action = "approve" if decision == "approved" else "deny"
                 tx.run(
-                    "record_audit",
-                    **audit_params(
-                        action,
-                        decided_by,
-                        turn_id=turn_id,
-                        step=step,
-                        before={"decision": None, "turn_status": "waiting"},
-                        after={"decision": decision, "reason": reason, "turn_status": "queued"},
-                    ),
+                    "record_audit", **decision_audit(turn_id, step, decision, reason, decided_by)
                 )
         return (row["session_id"], row["turn_id"], row["queue"]) if row else None
 

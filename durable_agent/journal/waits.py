@@ -98,6 +98,13 @@ class Recorded:
     recorded_name: str | None
     woke: bool
 
+    @classmethod
+    def from_row(cls, row: dict[str, Any] | None) -> Recorded:
+        """From the row of ``record_event`` (None: no such turn)."""
+        if row is None:
+            return cls(None, False, None, False)
+        return cls(row["status"], bool(row["recorded"]), row["recorded_name"], bool(row["woke"]))
+
 
 @dataclass(frozen=True, slots=True)
 class Child(_Row):
@@ -189,11 +196,7 @@ class WaitStore:
             name=name,
             payload=self.db.sealer.json(payload, Where(turn_id, "payload", key=event_id)),
         )
-        if row is None:
-            return Recorded(None, False, None, False)
-        return Recorded(
-            row["status"], bool(row["recorded"]), row["recorded_name"], bool(row["woke"])
-        )
+        return Recorded.from_row(row)
 
     def wake_due(self, batch: int = 500) -> list[str]:
         """Wake the parked turns whose time came (the sweeper)."""

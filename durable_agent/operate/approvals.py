@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from ..errors import InvalidArgument, LeaseLost, ReplayDiverged, TurnCancelled, TurnParked
 from ..inputs import check_id
@@ -35,6 +35,17 @@ from .cancel import Enqueue, GetTurn, check_by, check_note, send_next
 log = logging.getLogger(__name__)
 
 Decision = Literal["approved", "denied"]
+
+
+class Decisions(Protocol):
+    """Where a decision is taken: ``OperatorStore`` (its own transaction), or
+    ``LentApprovals`` (the application's transaction, ``approve(connection=...)``)."""
+
+    def decide_approval(
+        self, turn_id: str, step: int, decision: str, reason: str | None, decided_by: str
+    ) -> tuple[str, str, str] | None: ...
+
+    def find_approval(self, turn_id: str, step: int) -> Approval | None: ...
 
 
 @dataclass
@@ -137,7 +148,7 @@ def list_approvals(
 
 
 def decide(
-    store: OperatorStore,
+    store: Decisions,
     get_turn: GetTurn,
     enqueue: Enqueue,
     turn_id: str,
@@ -175,7 +186,7 @@ def decide(
 
 
 def approve(
-    store: OperatorStore,
+    store: Decisions,
     get_turn: GetTurn,
     enqueue: Enqueue,
     turn_id: str,
@@ -189,7 +200,7 @@ def approve(
 
 
 def deny(
-    store: OperatorStore,
+    store: Decisions,
     get_turn: GetTurn,
     enqueue: Enqueue,
     turn_id: str,

@@ -17,11 +17,11 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from ..errors import InvalidArgument, TurnEnded, TurnNotFound
 from ..inputs import check_id
-from ..journal import Event, WaitStore, storable
+from ..journal import Event, Recorded, WaitStore, storable
 from ..step.waits import check_event_name
 
 log = logging.getLogger(__name__)
@@ -34,19 +34,36 @@ EventsOf = Callable[[str], "tuple[str, ...] | None"]
 """The event names a turn's agent declares (``Agent(events=...)``), None: any name."""
 
 
+class EventRecorder(Protocol):
+    """Where an event is recorded: ``WaitStore`` (its own transaction), or ``LentWaits`` (the
+    application's transaction, ``send_event(connection=...)``)."""
+
+    def record_event(self, turn_id: str, event_id: str, name: str, payload: Any) -> Recorded: ...
+
+
 @dataclass(frozen=True, slots=True)
 class EventSent:
     """What ``send_event`` did: ``woke`` (the turn waited for it and goes on now), ``kept``
     (recorded; read when the turn waits for that name), ``duplicate`` (this event id was
-    recorded before: nothing changed)."""
+    recorded before: nothing changed).
+
+    ``on_commit`` (``send_event(connection=...)``): all of it holds in your transaction and
+    takes effect when it commits: ``woke`` means the turn wakes and is sent then; a rollback
+    undoes it (no event, the turn still waits). ``duplicate`` is the same before and after."""
 
     turn_id: str
     name: str
     event_id: str
     outcome: Literal["woke", "kept", "duplicate"]
     turn_status: str
+    on_commit: bool = False
 
     def describe(self) -> str:
+        if self.outcome == "woke" and self.on_commit:
+            return (
+                f"event {self.name!r} ({self.event_id}) recorded in your transaction: turn "
+                f"{self.turn_id} wakes when it commits"
+            )
         if self.outcome == "woke":
             return f"event {self.name!r} ({self.event_id}) woke turn {self.turn_id}"
         if self.outcome == "duplicate":
@@ -77,7 +94,7 @@ def check_payload(payload: Any) -> Any:
 
 
 def send_event(
-    waits: WaitStore,
+    waits: EventRecorder,
     send_woken: SendWoken,
     turn_id: str,
     name: str,
@@ -85,10 +102,12 @@ def send_event(
     *,
     event_id: str | None = None,
     events_of: EventsOf = lambda turn_id: None,
+    on_commit: bool = False,
 ) -> EventSent:
     """Record the event for the turn, waking it if it waits for ``name``; see the module
     docstring. Raises TurnNotFound, TurnEnded, InvalidArgument (also for a name the turn's
-    agent does not declare, ``events_of``)."""
+    agent does not declare, ``events_of``). ``on_commit``: recorded in the application's
+    transaction, ``send_woken`` runs after its commit."""
     check_id("turn_id", turn_id)
     check_event_name(name)
     event_id = check_id("event_id", event_id) if event_id is not None else uuid.uuid4().hex
@@ -109,12 +128,13 @@ def send_event(
     if not recorded.new and recorded.recorded_name is None:
         raise TurnEnded(turn_id, recorded.status, f"event {name!r} ({event_id}) not recorded")
     if not recorded.new:
-        return EventSent(turn_id, name, event_id, "duplicate", recorded.status)
+        return EventSent(turn_id, name, event_id, "duplicate", recorded.status, on_commit)
     if recorded.woke:
-        log.info("event %s (%s) woke turn %s", name, event_id, turn_id)
+        when = " (on commit)" if on_commit else ""
+        log.info("event %s (%s) woke turn %s%s", name, event_id, turn_id, when)
         send_woken(turn_id)
-        return EventSent(turn_id, name, event_id, "woke", "queued")
-    return EventSent(turn_id, name, event_id, "kept", recorded.status)
+        return EventSent(turn_id, name, event_id, "woke", "queued", on_commit)
+    return EventSent(turn_id, name, event_id, "kept", recorded.status, on_commit)
 
 
 def list_events(waits: WaitStore, get_turn: Callable[[str], object], turn_id: str) -> list[Event]:

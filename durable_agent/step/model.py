@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
 import openai
 
 from ..errors import ConfigurationError, ModelRateLimited, ModelUnavailable, TurnFailed
@@ -38,14 +37,18 @@ from ..settings import Settings
 from .model_stream import DeltaSink, StreamedAnswer, chunks_of, with_usage
 from .responses import call_responses
 
-_TRANSPORT_ERRORS: tuple[type[Exception], ...] = (httpx.HTTPError,)
-try:  # the HTTP client of the openai SDK's recent releases (a fork of httpx)
-    import httpx2  # type: ignore[import-not-found,unused-ignore]
 
-    _TRANSPORT_ERRORS += (httpx2.HTTPError,)
-except ImportError:  # pragma: no cover - an older SDK on httpx
-    pass
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """The HTTP library's own error class, which a stream broken off halfway raises through
+    the SDK: ``httpx2`` for the openai SDK's recent releases, ``httpx`` for older ones.
+    Neither is ours to depend on: the SDK brings the one it uses, loaded by now."""
+    import sys
 
+    modules = (sys.modules.get(name) for name in ("httpx2", "httpx"))
+    return tuple(module.HTTPError for module in modules if module is not None)
+
+
+_TRANSPORT_ERRORS = _transport_errors()
 _RETRYABLE_STATUSES = frozenset({408, 409, 429})
 _CONFIGURATION = {
     401: "the model API refused the key (check OPENAI_API_KEY)",

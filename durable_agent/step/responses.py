@@ -20,12 +20,12 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-import openai
-
 from ..errors import ModelUnavailable, TurnFailed
 from ..redact import redact
 
 if TYPE_CHECKING:
+    import openai
+
     from .loop import TurnContext
     from .model_stream import DeltaSink
 

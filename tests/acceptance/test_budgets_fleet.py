@@ -9,6 +9,8 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from durable_agent.operate.budgets import estimate_tokens
 from durable_agent.runtime import Runtime
 from durable_agent.step.loop import initial_messages
@@ -25,6 +27,7 @@ def short_answer(body: dict[str, Any]) -> dict[str, Any]:
     return reply("ok")
 
 
+@pytest.mark.long
 def test_turns_wait_for_budget_without_failing_and_a_killed_worker_leaks_nothing(
     stack: Stack, spawn: Spawn
 ) -> None:

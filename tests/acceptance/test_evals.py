@@ -66,6 +66,7 @@ def test_crash_matrix_meets_its_targets(settings: Settings, tmp_path: Path) -> N
     assert "spend ledger: the crashes wasted 6 model call(s)" in result.stdout
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_crash_matrix_relabelled_shows_the_duplicate(settings: Settings, tmp_path: Path) -> None:
     """send_email wrongly labelled safe: a crash after it ran sends a second email. The full
@@ -89,6 +90,7 @@ def test_crash_matrix_relabelled_shows_the_duplicate(settings: Settings, tmp_pat
     assert "send_email took effect 2 times (expected 1)" in result.stdout
 
 
+@pytest.mark.long
 def test_replay_reproduces_a_turn_without_the_model(settings: Settings, tmp_path: Path) -> None:
     """A done turn replays to the same reply with zero model calls; a changed prompt diverges."""
     report_path = tmp_path / "matrix.json"
@@ -161,6 +163,7 @@ def test_two_workers_eval(settings: Settings, tmp_path: Path, pool: str) -> None
     assert max(epochs.values()) == 2
 
 
+@pytest.mark.long
 @pytest.mark.timeout(180)
 def test_demo_on_embedded_servers(tmp_path: Path) -> None:
     """`durable-agent demo` with nothing configured: embedded Postgres and Redis, one email."""

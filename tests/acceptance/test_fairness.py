@@ -62,7 +62,11 @@ def test_a_burst_of_one_tenant_does_not_starve_another(stack: Stack, spawn: Spaw
     assert tenants.most == {"acme": 2, "bolt": 2}, (tenants.most, report)
     order = tenants.order
     acme = [m for m in order if m.startswith("acme")]
-    assert acme == [f"acme {i:02d}" for i in range(BURST)], order  # in the order recorded
+    # in the order recorded, up to the two that run at once: a turn is sent only when one
+    # of the two before it has ended (which two prefork children call the model first races)
+    assert sorted(acme) == [f"acme {i:02d}" for i in range(BURST)], order
+    seen = {m: n for n, m in enumerate(acme)}
+    assert all(seen[f"acme {i:02d}"] < seen[f"acme {i + 2:02d}"] for i in range(BURST - 2)), order
     first_bolt = next(i for i, m in enumerate(order) if m.startswith("bolt"))
     assert first_bolt <= 3, order  # beside the first two of acme's, not after its burst
     last_bolt = max(i for i, m in enumerate(order) if m.startswith("bolt"))

@@ -9,6 +9,8 @@ import uuid
 from collections import Counter
 from typing import TYPE_CHECKING
 
+import pytest
+
 from durable_agent import start_turn
 
 if TYPE_CHECKING:
@@ -17,6 +19,7 @@ if TYPE_CHECKING:
 WORKERS, CONCURRENCY, TURNS = 3, 2, 60
 
 
+@pytest.mark.long
 def test_three_prefork_workers_share_sixty_turns(stack: Stack, spawn: Spawn) -> None:
     """Every turn is done once, each of the three workers takes a fair share, and no turn
     waits in the queue while a slot is free (sampled all along the run)."""

@@ -16,8 +16,9 @@ import redis
 from durable_agent_examples.orders_app import create_app
 from fastapi.testclient import TestClient
 
-from durable_agent.journal import TurnStatus
-from durable_agent.testing.harness import queued_turns, settings_env
+from durable_agent import cancel_turn
+from durable_agent.journal import TurnStatus, WaitStore
+from durable_agent.testing.harness import queued_turns, settings_env, wait_until
 
 if TYPE_CHECKING:
     from conftest import Spawn, Stack
@@ -210,3 +211,54 @@ def _events(response: object) -> Iterator[tuple[str, str, dict[str, object]]]:
         if fields:
             yield fields.get("id", ""), fields["event"], json.loads(fields["data"])
             fields = {}
+
+
+def test_a_payment_marks_the_order_paid_and_wakes_its_checkout_in_one_transaction(
+    stack: Stack, spawn: Spawn
+) -> None:
+    """A checkout order's turn waits for payment_settled. The payment webhook marks the
+    order paid and sends the event in one transaction: the turn wakes after the commit and
+    emails one receipt; the provider's retry changes nothing, another payment is refused; a
+    payment for a checkout that was cancelled is refused and rolls back (the order stays
+    unpaid)."""
+    from durable_agent_examples.waits_policy import waits_policy
+
+    stack.model.policy = waits_policy
+    agents = "durable_agent_examples.waits"
+    settings = stack.settings.model_copy(update={"agents": agents})
+    spawn(settings=settings, pool="prefork", concurrency=1, DURABLE_AGENT_AGENTS=agents)
+    with TestClient(create_app(settings)) as desk:
+        placed = desk.post("/orders", json={**ORDER, "reference": "C-1", "agent": "checkout"})
+        assert placed.status_code == 201, placed.text
+        turn_id = placed.json()["turn_id"]
+        wait_until(
+            lambda: stack.store.get_turn(turn_id).status == "waiting", 20, "the checkout to park"
+        )
+        assert desk.post("/orders/nope/payments", json={"payment_id": "p7"}).status_code == 404
+
+        paid = desk.post("/orders/C-1/payments", json={"payment_id": "p7"})
+        assert (paid.status_code, paid.json()["outcome"]) == (200, "woke"), paid.text
+        retried = desk.post("/orders/C-1/payments", json={"payment_id": "p7"})
+        assert retried.json()["outcome"] == "duplicate", retried.text
+
+        turn = stack.wait_turn(turn_id, 30)
+        report = stack.report(turn_id)
+        assert turn.reply == "Payment p7 settled; the receipt went to ada@example.com.", report
+        assert stack.subjects() == ["Receipt"], report
+
+        other = desk.post("/orders/C-1/payments", json={"payment_id": "p8"})
+        assert other.status_code == 409 and "paid by p7" in other.text
+        shown = desk.get("/orders/C-1").json()
+        assert (shown["payment_id"], shown["turn_status"]) == ("p7", "done")
+
+        # a checkout cancelled before its payment: the event is refused, the order not paid
+        late = desk.post("/orders", json={**ORDER, "reference": "C-2", "agent": "checkout"})
+        late_turn = late.json()["turn_id"]
+        cancel_turn(late_turn, "customer left", settings=settings)
+        wait_until(lambda: stack.store.get_turn(late_turn).status == "cancelled", 20, "the cancel")
+        refused = desk.post("/orders/C-2/payments", json={"payment_id": "p9"})
+        assert refused.status_code == 409 and "has ended" in refused.text, refused.text
+        assert desk.get("/orders/C-2").json()["payment_id"] is None
+        assert WaitStore(stack.store.db).events(late_turn) == []
+    events = WaitStore(stack.store.db).events(turn_id)
+    assert [(e.event_id, e.consumed_step) for e in events] == [("p7", 0)]

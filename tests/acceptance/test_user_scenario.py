@@ -95,6 +95,7 @@ def test_plugin_fails_the_test_with_the_table(
     assert "crash matrix: vouchers" in text and "FAIL" in text
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 def test_plan_then_act_loop_passes_the_crash_matrix(
     crash_matrix: Callable[..., Any], durable_agent_settings: Settings

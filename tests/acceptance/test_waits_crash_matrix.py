@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_every_wait_step_survives_a_crash_before_and_after_it(
     crash_matrix: Callable[..., Any],

@@ -801,6 +801,12 @@ SET enqueued_at = durable_agent_now(), message_id = :message_id
 WHERE turn_id = :turn_id AND status = 'queued' AND enqueued_at IS NULL
 RETURNING session_id, turn_id, queue;
 
+-- name: announce_wake
+-- A turn woken in an application's transaction (a decision taken there, see journal/lent.py):
+-- `wake <turn_id>` is delivered to the wakers when that transaction commits, and dropped
+-- with it (or with its savepoint) when it rolls back.
+SELECT pg_notify('durable_agent_wake', CAST(:turn_id AS text));
+
 -- name: record_event
 -- An event for a turn (durable_agent_send_event): kept for an open turn, the turn woken if
 -- it waits for that name. No row: no such turn.
