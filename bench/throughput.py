@@ -9,6 +9,9 @@ the same number of worker processes and the same pool:
 * the baseline: ``celery -A bench.bare_app worker`` processes running ``bench.bare_turn``, the
   same loop with no journal, no claim, no sweeper (see ``bench/bare_app.py``).
 
+Like with like: the bare task does not stream its model calls, so ours do not stream here
+either (``DURABLE_AGENT_STREAM=false``; streaming is the default of our built-in loops).
+
 Each configuration (1, 2 and 4 workers; solo, and prefork with one child per worker) runs
 its rounds alternately (bare, ours, bare, ours ...) while the other side's workers stand
 idle; a round submits ``turns`` turns at once and measures from the first submit to the
@@ -80,8 +83,18 @@ class BareWorker(WorkerProcess):
 class Bench:
     """The servers, the database and the two sides' settings for one benchmark run."""
 
-    def __init__(self, url: str, logs: Path, model: ScriptedModelServer, inbox: SmtpInbox):
+    def __init__(
+        self,
+        url: str,
+        logs: Path,
+        model: ScriptedModelServer,
+        inbox: SmtpInbox,
+        *,
+        stream: bool | None = None,
+    ):
+        """``stream``: whether our workers stream their model calls (None: the default)."""
         tag = uuid.uuid4().hex[:8]
+        streaming = {} if stream is None else {"stream": stream}
         base = dict(
             database_url=url,
             broker_url=REDIS_URL,
@@ -91,7 +104,7 @@ class Bench:
             model="scripted-model",
             model_max_retries=0,
         )
-        self.ours = Settings(**base, queue=f"bench-ours-{tag}")
+        self.ours = Settings(**base, **streaming, queue=f"bench-ours-{tag}")
         self.bare = Settings(**base, queue=f"bench-bare-{tag}")
         self.runtime = Runtime(self.ours)
         self.logs = logs
@@ -190,7 +203,9 @@ def run(*, rounds: int = 3, turns: int = 60, latency_samples: int = 15) -> dict[
         ScriptedModelServer(email_policy) as model,
         SmtpInbox() as inbox,
     ):
-        bench = Bench(url, Path(logs), model, inbox)
+        # like with like: the bare task does not stream, so ours does not either here (what
+        # streaming costs: docs/design.md, "Streaming stays the default")
+        bench = Bench(url, Path(logs), model, inbox, stream=False)
         try:
             for pool, count in CONFIGS:
                 workers = bench.start("bare", pool, count) + bench.start("ours", pool, count)

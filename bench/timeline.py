@@ -18,9 +18,13 @@ into phases:
   has returned) and what Celery does up to it.
 
 Times are medians over the turns, per phase, so the sum of the medians need not be the
-median of the totals. The intervals of other threads of the worker (the heartbeat, the
-sweeper) are counted beside: they run concurrently and cost the turn only through the
-GIL and the database.
+median of the totals. A second table lays out one delivery of each side (the one of median
+total) in order, on one line: the message received, the receipt noted, the claim, the
+heartbeat's start, each step's statements and the call between them, the end, the
+announcements, the heartbeat's stop and the ack, each with its start and its length, and
+the Python between them as its own rows. The intervals of other threads of the worker
+(the heartbeat, the sweeper) are counted beside: they run concurrently and cost the turn
+only through the GIL and the database.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ class Delivery:
     phases: dict[str, float] = field(default_factory=dict)
     statements: dict[str, float] = field(default_factory=dict)
     statement_count: int = 0
+    sequence: list[tuple[float, float, str]] = field(default_factory=list)  # at, ms, what
     other_threads: dict[str, float] = field(default_factory=dict)
 
     def add(self, phase: str, ms: float) -> None:
@@ -153,10 +158,64 @@ def cut(submit: Interval, worker: list[Interval], app: list[Interval]) -> Delive
         )
         d.add(f"{phase}: {label}", own * ms)
     d.add("total, submit to the end of the delivery", (m1 - s0) * ms)
+    d.sequence = _sequence(submit, m0, task, mine, app)
     for i in _within(worker, m0, m1):
         if i[0] != thread and i[1] == "sql":
             d.other_threads[i[0]] = d.other_threads.get(i[0], 0.0) + (i[4] - i[3]) * ms
     return d
+
+
+def _sequence(
+    submit: Interval, m0: int, task: Interval, mine: list[Interval], app: list[Interval]
+) -> list[tuple[float, float, str]]:
+    """The delivery in order: (ms from the submit, ms, what), the outermost calls of the
+    worker's thread (a tool's own Redis or HTTP is inside the tool), and the Python between."""
+    ms = 1e-6
+    s0 = submit[3]
+    rows: list[tuple[float, float, str]] = []
+    for i in _within(app, s0, submit[4]):
+        if i[1] != "submit":
+            rows.append(((i[3] - s0) * ms, (i[4] - i[3]) * ms, f"submit: {_named(i)}"))
+    rows.append(((m0 - s0) * ms, 0.0, "the worker's consumer takes the message"))
+    calls = sorted(
+        (i for i in mine if i[1] not in ("message", "task")), key=lambda i: (i[3], -i[4])
+    )
+    outer: list[Interval] = []
+    for i in calls:
+        if outer and i[4] <= outer[-1][4]:
+            continue  # inside the call before it
+        outer.append(i)
+    cursor, end = m0, max([task[4], *(i[4] for i in outer)])
+    marks = [(task[3], "the task starts (task_prerun)"), (task[4], "the task returns")]
+    for i in outer:
+        for at, what in [m for m in marks if m[0] <= i[3]]:
+            rows.append(((at - s0) * ms, 0.0, what))
+            marks.remove((at, what))
+        if i[3] - cursor > 20_000:  # 20 us: the Python between two calls
+            rows.append(((cursor - s0) * ms, (i[3] - cursor) * ms, "Python"))
+        rows.append(((i[3] - s0) * ms, (i[4] - i[3]) * ms, _named(i)))
+        cursor = max(cursor, i[4])
+    for at, what in marks:
+        if at - cursor > 20_000 and at <= end:
+            rows.append(((cursor - s0) * ms, (at - cursor) * ms, "Python"))
+            cursor = at
+        rows.append(((at - s0) * ms, 0.0, what))
+    return sorted(rows, key=lambda r: r[0])
+
+
+def _named(i: Interval) -> str:
+    kind, name = i[1], i[2]
+    if kind == "sql":
+        return f"SQL {name}"
+    if kind == "http":
+        return f"model HTTP {name}"
+    if kind == "tool":
+        return f"tool {name}"
+    if kind == "heartbeat":
+        return f"heartbeat {name}"
+    if kind == "ack":
+        return "ack"
+    return f"Redis {name}"
 
 
 def _label(i: Interval) -> str:
@@ -169,6 +228,8 @@ def _label(i: Interval) -> str:
         return "tools"
     if kind == "ack":
         return "ack"
+    if kind == "heartbeat":
+        return "heartbeat (thread start, stop)"
     return "Redis"
 
 
@@ -180,7 +241,7 @@ def run(*, turns: int = 30, warmup: int = 5) -> dict[str, Any]:
         ScriptedModelServer(email_policy) as model,
         SmtpInbox() as inbox,
     ):
-        bench = Bench(url, Path(logs), model, inbox)
+        bench = Bench(url, Path(logs), model, inbox, stream=False)  # as the throughput's
         workers: dict[str, ProbedWorker | ProbedBareWorker] = {}
         try:
             for side, kind in (("bare", ProbedBareWorker), ("ours", ProbedWorker)):
@@ -272,9 +333,23 @@ def _report(deliveries: dict[str, list[Delivery]], turns: int) -> dict[str, Any]
         f"statements in the task: {count:.0f} per turn; beside it, on other threads of the "
         "worker: " + (", ".join(f"{t} {ms:.2f} ms" for t, ms in beside.items()) or "none")
     )
+    sequences = {}
+    for side, ds in deliveries.items():
+        total = "total, submit to the end of the delivery"
+        middle = sorted(ds, key=lambda d: d.phases.get(total, 0.0))[len(ds) // 2]
+        sequences[side] = [{"at_ms": at, "ms": length, "what": what}
+                           for at, length, what in middle.sequence]  # fmt: skip
+        table = Table(title=f"{'durable-agent' if side == 'ours' else 'bare Celery task'}: "
+                      "the delivery of median total, in order (ms from the submit)")  # fmt: skip
+        for column in ("at", "ms", "what"):
+            table.add_column(column, justify="left" if column == "what" else "right")
+        for at, length, what in middle.sequence:
+            table.add_row(f"{at:.2f}", f"{length:.2f}" if length else "", what)
+        out.print(table)
     return {
         "turns": turns,
         "phases": rows,
+        "sequences": sequences,
         "statements": statements,
         "statements_per_turn": count,
         "other_threads_ms": beside,

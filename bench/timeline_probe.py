@@ -4,7 +4,8 @@
 named statement to Postgres (``Database._send``, ``Database.transaction``), each HTTP
 request (the model, through ``httpx``), each tool, each Redis command and pipeline (the
 broker, the doorbell, the bare task's counter), each Celery message handled by the
-consumer, each task body (``task_prerun`` to ``task_postrun``) and each ack. Times are
+consumer, each task body (``task_prerun`` to ``task_postrun``), the start and stop of
+``Heartbeat`` (its thread) and each ack. Times are
 ``time.monotonic_ns()``, one clock for every process of the machine, so the benchmark lays
 the application's and the worker's intervals on one line.
 
@@ -104,6 +105,10 @@ def install() -> None:
             "http", lambda self, request, *a, **k: request.url.path, client.send
         )
     Tool.invoke = _timed("tool", lambda self, *a, **k: self.name, Tool.invoke)  # type: ignore[method-assign]
+    from durable_agent.delivery.heartbeat import Heartbeat
+
+    Heartbeat.__enter__ = _timed("heartbeat", lambda *a: "start", Heartbeat.__enter__)  # type: ignore[method-assign]
+    Heartbeat.__exit__ = _timed("heartbeat", lambda *a: "stop", Heartbeat.__exit__)  # type: ignore[method-assign]
     redis.client.Redis.execute_command = _timed(  # type: ignore[method-assign]
         "redis", lambda self, *args, **k: str(args[0]), redis.client.Redis.execute_command
     )

@@ -631,7 +631,25 @@ def bench_timeline() -> str:
         + statements
         + (f". Measured {when}, in a run of its own (`python -m bench timeline`)." if when else ".")
         + "\n"
+        + _timeline_sequences(timeline.get("sequences") or {})
     )
+
+
+def _timeline_sequences(sequences: dict[str, list[dict[str, Any]]]) -> str:
+    """One delivery of each side (the one of median total), in order."""
+    text = ""
+    for side, title in (("ours", "durable-agent"), ("bare", "the bare Celery task")):
+        rows = [
+            [f"{r['at_ms']:.2f}", f"{r['ms']:.2f}" if r["ms"] else "", cell(r["what"])]
+            for r in sequences.get(side, [])
+        ]
+        if rows:
+            text += (
+                f"\n{title}: the delivery of median total, in order (ms from the submit):\n\n"
+                + table(["at", "ms", "what"], rows)
+                + "\n"
+            )
+    return text
 
 
 def bench_streaming() -> str:

@@ -177,14 +177,10 @@ class JournalStore(Listings, Observed):
         replay: Replay | None,
         *,
         before: EncodedOutcome | None = None,
-        told: int | None = None,
     ) -> None:
         """Commit the intent of a call before it runs (``before``: the outcome of the step
-        before it, written in the same statement; ``told``: a step whose flushed outcome
-        is announced with it)."""
-        self._insert_step(
-            turn_id, epoch, step, kind, name, input, replay, "intent", None, before, told
-        )
+        before it, written in the same statement)."""
+        self._insert_step(turn_id, epoch, step, kind, name, input, replay, "intent", None, before)
 
     def insert_done(
         self,
@@ -198,12 +194,9 @@ class JournalStore(Listings, Observed):
         output: Any,
         *,
         before: EncodedOutcome | None = None,
-        told: int | None = None,
     ) -> None:
         """Record a step that ran nothing (a refused call) as done in one write."""
-        self._insert_step(
-            turn_id, epoch, step, kind, name, input, replay, "done", output, before, told
-        )
+        self._insert_step(turn_id, epoch, step, kind, name, input, replay, "done", output, before)
 
     def encode_outcome(self, turn_id: str, step: int, output: Any) -> EncodedOutcome:
         """The outcome as it will be written (sealed when a key is configured; a large one
@@ -225,10 +218,9 @@ class JournalStore(Listings, Observed):
         outcome: EncodedOutcome,
         *,
         durable: bool,
-        announce_now: bool = True,
     ) -> None:
-        """Mark an intent done. A flushed outcome is announced after its commit, unless
-        ``announce_now`` is False: the caller then has it told by its next write."""
+        """Mark an intent done. A flushed outcome is announced after its commit (the trigger
+        announces the others)."""
         row = self.db.one(
             "finish_step",
             turn_id=turn_id,
@@ -240,7 +232,7 @@ class JournalStore(Listings, Observed):
         )
         if row is None:
             raise self.lost(turn_id, epoch, f"outcome of step {outcome.step}")
-        if durable and announce_now:  # the trigger announces only unflushed commits
+        if durable:  # the trigger announces only unflushed commits
             announce(self.db, f"step {outcome.step} {turn_id}")
 
     def note_failed_call(self, turn_id: str, epoch: int) -> None:
@@ -267,16 +259,12 @@ class JournalStore(Listings, Observed):
         status: str,
         output: Any,
         before: EncodedOutcome | None,
-        told: int | None,
     ) -> None:
         stored, blob = (
             self._store_payload(turn_id, step, output) if status == "done" else (None, None)
         )
         # the intent of a never tool is on disk before the call runs (see queries.sql)
         durable = status == "intent" and replay == "never"
-        if told is not None and durable:  # no NOTIFY inside a flushed commit
-            announce(self.db, f"step {told} {turn_id}")
-            told = None
         params: dict[str, Any] = dict(
             turn_id=turn_id,
             epoch=epoch,
@@ -289,7 +277,6 @@ class JournalStore(Listings, Observed):
             output=stored,
             blob=blob,
             durable=durable,
-            told=None if told is None else f"step {told} {turn_id}",
         )
         what = f"{status} of step {step}"
         if before is not None:
@@ -377,7 +364,6 @@ class ClaimedJournal:
         self._steps = steps
         self._never_steps: set[int] = set()  # intents of never tools this claim wrote
         self._held: EncodedOutcome | None = None  # an outcome written with the next write
-        self._untold: int | None = None  # a flushed step to announce with the next write
 
     def steps(self) -> list[Step]:
         if self._steps is None:
@@ -396,8 +382,6 @@ class ClaimedJournal:
             input,
             replay,
             before=self._held_for(step),
-            # a never intent waits for the flush: no NOTIFY inside it; told by a later write
-            told=None if replay == "never" else self._take_untold(),
         )
         if replay == "never":
             self._never_steps.add(step)
@@ -421,19 +405,19 @@ class ClaimedJournal:
             replay,
             output,
             before=self._held_for(step),
-            told=self._take_untold(),
         )
 
     def record_outcome(self, step: int, output: Any) -> None:
-        # The outcome of a never call is on disk at once. Any other is held back and
-        # written with the next step (or by flush): a worker killed in between runs that
-        # call again, as it would if the call itself had been cut short.
+        # The outcome of a never call is committed at once, without waiting for the WAL
+        # flush: the turn's next flushed write (a never intent, the end) takes it to disk.
+        # A worker crash loses nothing of it (the commit happened); a Postgres crash can
+        # lose it with the last moments of the WAL, and the flushed intent then reads as
+        # "may or may not have happened": never a second effect. Any other outcome is held
+        # back and written with the next step (or by flush): a worker killed in between
+        # runs that call again, as it would if the call itself had been cut short.
         self._write_held()
         if step in self._never_steps:
-            # on disk at once; watchers are told with the next write (a separate statement
-            # now would cost a round trip), or by flush() if none comes
-            self._write_kept(step, output)
-            self._untold = step
+            self._write_kept(step, output)  # announced by the trigger (an unflushed commit)
         else:
             self._held = self.store.encode_outcome(self.turn_id, step, output)
 
@@ -443,9 +427,7 @@ class ClaimedJournal:
         while True:
             try:
                 outcome = self.store.encode_outcome(self.turn_id, step, output)
-                self.store.write_outcome(
-                    self.turn_id, self.epoch, outcome, durable=True, announce_now=False
-                )
+                self.store.write_outcome(self.turn_id, self.epoch, outcome, durable=False)
                 return
             except ServiceUnavailable as error:
                 if self.wait_for_postgres is None:
@@ -480,18 +462,11 @@ class ClaimedJournal:
 
     def flush(self) -> None:
         self._write_held()
-        untold = self._take_untold()
-        if untold is not None:  # the newest step: a watcher woken reads every step before it
-            announce(self.store.db, f"step {untold} {self.turn_id}")
 
     def _write_held(self) -> None:
         held, self._held = self._held, None
         if held is not None:
             self.store.write_outcome(self.turn_id, self.epoch, held, durable=False)
-
-    def _take_untold(self) -> int | None:
-        untold, self._untold = self._untold, None
-        return untold
 
     def _held_for(self, step: int) -> EncodedOutcome | None:
         """The held-back outcome, to go with the write of ``step`` when it is the step before."""

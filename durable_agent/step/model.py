@@ -34,7 +34,7 @@ import openai
 from ..errors import ConfigurationError, ModelRateLimited, ModelUnavailable, TurnFailed
 from ..redact import redact
 from ..settings import Settings
-from .model_stream import DeltaSink, StreamedAnswer, with_usage
+from .model_stream import DeltaSink, StreamedAnswer, chunks_of, with_usage
 from .responses import call_responses
 
 
@@ -95,9 +95,10 @@ class ModelClient:
             if "input" in request:
                 return call_responses(self.client, request, on_delta, self.where)
             if request.get("stream"):
-                stream = self.client.chat.completions.create(**with_usage(request))
-                with stream:
-                    answer = StreamedAnswer().read(stream, on_delta)
+                create = self.client.chat.completions.with_streaming_response.create
+                with create(**with_usage(request)) as streamed:
+                    chunks = chunks_of(streamed.iter_lines(), streamed.http_request)
+                    answer = StreamedAnswer().read(chunks, on_delta)
                 content, calls, finish = answer.parts(self.where)
                 return _checked(content, calls, finish, answer.model, answer.usage, self.where)
             response = self.client.chat.completions.create(**request)

@@ -249,11 +249,12 @@ def test_a_step_written_with_a_never_intent_is_announced(runtime: Runtime) -> No
     thread.join(timeout=5)
 
 
-def test_a_never_outcome_is_announced_with_the_next_write(
+def test_a_never_outcome_is_announced_by_its_own_commit(
     runtime: Runtime, settings: Settings
 ) -> None:
-    """A never tool's outcome waits for the flush, so it is told by the next step's statement
-    (no round trip of its own), or by flush() when no step follows. Read on a connection of
+    """A never tool's outcome is committed without waiting for the flush (the next flushed
+    write takes it to disk), so the trigger announces it with its own commit; a never intent
+    waits for the flush and announces the step it carried after it. Read on a connection of
     the test's own that listens, so what is announced when is certain."""
     turn_id, epoch = _claimed_turn(runtime)
     journal = runtime.journal.for_claim(turn_id, epoch, empty=True)
@@ -273,19 +274,18 @@ def test_a_never_outcome_is_announced_with_the_next_write(
             raise AssertionError(f"the marker never came back (read {steps})")
 
         journal.insert_intent(0, "tool", "send_email", {"to": "a"}, "never")
+        assert told() == []  # an intent is not announced
         journal.record_outcome(0, {"content": "sent"})
-        assert told() == []  # flushed: not announced by its own statement
+        assert told() == ["0"]  # by its own (unflushed) commit
         journal.insert_intent(1, "model", "llm", {}, "safe")
-        assert told() == ["0"]  # with the next step's statement
-        journal.record_outcome(1, {"message": {"content": "call send_email"}})
+        journal.record_outcome(1, {"message": {"content": "call send_email"}})  # held back
+        assert told() == []
         journal.insert_intent(2, "tool", "send_email", {"to": "b"}, "never")
         assert told() == ["1"]  # a flushed insert announces the step it carried
         journal.record_outcome(2, {"content": "sent"})
-        journal.insert_intent(3, "tool", "send_email", {"to": "c"}, "never")
-        assert told() == []  # a never intent right after: step 2 waits for a later write
-        journal.record_outcome(3, {"content": "sent"})
-        journal.flush()  # no step follows: told now (the newest step wakes every watcher)
-        assert told() == ["3"]
+        assert told() == ["2"]
+        journal.flush()  # nothing held: nothing more to tell
+        assert told() == []
 
 
 def test_the_sse_example_answers_a_reconnect_after_the_end_with_204(runtime: Runtime) -> None:

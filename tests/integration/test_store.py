@@ -257,7 +257,7 @@ def test_a_model_or_safe_outcome_goes_with_the_next_write_and_a_never_outcome_at
         "insert_step",
         "finish_and_insert_step",
         "announce",  # after a flushed write (a NOTIFY inside it would hold its flush)
-        "finish_step",  # the never outcome: told with the next write
+        "finish_step",  # the never outcome: at once, not waiting for the flush
         "insert_step",
         "finish_step",
     ]

@@ -61,8 +61,13 @@ WHERE turn_id = :turn_id AND lease_epoch = :epoch AND status = 'running';
 
 -- name: mark_sent
 -- Before a message is published: which message is the turn's latest, and when it was sent.
+-- Bookkeeping for the sweeper, committed without waiting for the WAL flush: lost in a
+-- Postgres crash, the turn reads as never sent (or sent long ago) and the sweeper sends it
+-- again; a second message of a turn is harmless (its claim decides who runs it, once).
+WITH quick AS (SELECT set_config('synchronous_commit', 'off', true))
 UPDATE turns AS t SET enqueued_at = durable_agent_now(), message_id = sent.message_id
-FROM unnest(CAST(:turn_ids AS text[]), CAST(:message_ids AS text[])) AS sent (turn_id, message_id)
+FROM quick,
+     unnest(CAST(:turn_ids AS text[]), CAST(:message_ids AS text[])) AS sent (turn_id, message_id)
 WHERE t.turn_id = sent.turn_id;
 
 -- name: unmark_sent
@@ -84,8 +89,9 @@ WHERE turn_id = :turn_id AND status IN ('queued', 'running');
 -- the journal: every write is fenced by the writer's epoch. The share lock on the turn row
 -- makes a concurrent claim either wait for the write or make it write nothing.
 --
--- :durable says whether the write waits for the WAL flush. The intent and the outcome of
--- a `never` tool do (the intent before the tool runs); the other writes do not. A worker
+-- :durable says whether the write waits for the WAL flush. The intent of a `never` tool
+-- does (before the tool runs); the other writes do not, its outcome included (lost in a
+-- Postgres crash, the flushed intent reads as "may or may not have happened"). A worker
 -- crash loses nothing of them: the commit happened, only its flush is late. A Postgres
 -- crash can lose the last moments of the WAL, always a suffix of it, so what survives is
 -- a prefix of the journal; any later durable commit (a `never` step, the end of the turn)
@@ -115,15 +121,11 @@ ORDER BY j.step;
 
 -- name: insert_step
 -- An intent (status 'intent') or a call that ran nothing (status 'done'). A cancelled turn
--- takes no new step: this is the step boundary where a cancel stops it. :told (NULL:
--- nothing) announces a flushed write just before (a never tool's outcome) with this commit,
--- which does not wait for the flush (the writer passes it only then).
+-- takes no new step: this is the step boundary where a cancel stops it.
 WITH flush AS (
     SELECT set_config('synchronous_commit',
                       CASE WHEN :durable THEN current_setting('synchronous_commit')
-                           ELSE 'off' END, true),
-           CASE WHEN CAST(:told AS text) IS NOT NULL
-                THEN pg_notify('durable_agent', CAST(:told AS text)) END
+                           ELSE 'off' END, true)
 ),
 fence AS (
     SELECT turn_id FROM turns, flush
@@ -169,9 +171,7 @@ RETURNING j.step;
 WITH flush AS (
     SELECT set_config('synchronous_commit',
                       CASE WHEN :durable THEN current_setting('synchronous_commit')
-                           ELSE 'off' END, true),
-           CASE WHEN CAST(:told AS text) IS NOT NULL
-                THEN pg_notify('durable_agent', CAST(:told AS text)) END
+                           ELSE 'off' END, true)
 ),
 fence AS (
     SELECT turn_id FROM turns, flush

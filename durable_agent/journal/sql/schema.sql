@@ -389,7 +389,7 @@ CREATE FUNCTION durable_agent_key_admits(p_key text, p_turn_id text, p_limit int
 --   step <n> <turn_id>      journal row n of the turn is done
 --   turn <status> <turn_id> the turn ended (done or failed)
 -- Steps written without waiting for the WAL flush are announced by this trigger; durable
--- writes (a never tool's outcome, the end of a turn) by their writer right after the commit
+-- writes (a never tool's intent, the end of a turn) by their writer right after the commit
 -- (query `announce`): a transaction that notifies holds a cluster-wide lock through its WAL
 -- flush, which would make durable commits run one at a time.
 CREATE FUNCTION durable_agent_notify_step() RETURNS trigger
