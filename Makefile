@@ -4,9 +4,11 @@ BIN    := $(VENV)/bin
 # DBOS, for `make bench-peers` only, in a virtual environment of its own
 PEERS_VENV   ?= .venv-peers
 DBOS_VERSION ?= 3.4.0
-# The suite runs in three processes: most of its time is spent waiting on real workers. Tests
-# are handed out in order, the long ones first (the `long` marker, tests/conftest.py).
-PYTEST_ARGS ?= -n 3 --dist load
+# The suite runs in six processes on two cores: most of its time is spent waiting on real
+# workers. The long fault runs (the `long` marker, tests/conftest.py) run in three, their
+# timing being part of what they test.
+PYTEST_ARGS ?= -n 6 --dist load
+LONG_PYTEST_ARGS ?= -n 3 --dist load
 
 .PHONY: install test test-long test-compose unit lint format demo docs bench bench-quick bench-peers clean
 
@@ -25,7 +27,7 @@ test: install
 # the long fault runs: the crash matrices, chaos, twenty killed children, Postgres outages,
 # the evals end to end (a few minutes; CI runs them after make test)
 test-long: install
-	$(BIN)/pytest $(PYTEST_ARGS) -m "long and not compose"
+	$(BIN)/pytest $(LONG_PYTEST_ARGS) -m "long and not compose"
 
 # compose.yaml for real: needs Docker with Compose v2 (../shared/containers/engine.sh up)
 test-compose: install

@@ -193,7 +193,8 @@ def run(
                     # least 5 other transactions are open
                     admin.execute(f'ALTER DATABASE "{name}" SET commit_delay = 200')
                     admin.execute(f'ALTER DATABASE "{name}" SET commit_siblings = 5')
-            bench = FleetBench(url, Path(logs), model, inbox)
+            # like with like: the bare task does not stream, so ours does not either here
+            bench = FleetBench(url, Path(logs), model, inbox, stream=False)
             try:
                 for workers, slots in configs or CONFIGS:
                     config = Config(workers, slots, grouped)
