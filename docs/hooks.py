@@ -430,7 +430,9 @@ def bench_throughput() -> str:
         table(["pool", "workers", "durable-agent", "bare Celery task", "ours / bare"], rows)
         + f"\n\nTurns/s, median of {rounds} round(s). One turn from submit to done (solo pool, "
         f"one worker, median of {len(latency['ours'])}): {ours:.1f} ms against {bare:.1f} ms "
-        f"({ours / bare:.2f}x).\n"
+        f"({ours / bare:.2f}x)."
+        + (f" Measured {section['date']}, in a run of its own." if section.get("date") else "")
+        + "\n"
     )
 
 
