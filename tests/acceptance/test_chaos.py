@@ -486,16 +486,28 @@ def test_turns_survive_killed_workers_a_lost_broker_and_a_database_restart(
     # The model: one distinct request per journalled model step (no step was asked for
     # without being recorded, none recorded twice), and repeats only for interrupted calls:
     # at most one per kill and one per worker alive when Postgres went down.
+    # One exception, by design (docs/guarantees.md): a `never` outcome commits without waiting
+    # for the WAL flush, so the Postgres crash may lose one a worker had already acted on. Its
+    # step then reads "may or may not have happened", and the model request the worker made
+    # with the lost outcome is recorded nowhere: at most one such request per worker alive
+    # when Postgres went down, and only for a `never` step that ended uncertain.
     model_steps = sum(s.kind == "model" for steps in journals.values() for s in steps)
+    uncertain = sum(
+        s.replay == "never" and bool(s.output.get("uncertain"))
+        for steps in journals.values()
+        for s in steps
+    )
+    lost_with_an_outcome = min(uncertain, alive_at_postgres_restart)
     digests = chaos.model.request_digests()
     repeated = chaos.model.repeated_requests()
     interrupted_at_most = KILLS + alive_at_postgres_restart
-    assert len(set(digests)) == model_steps, chaos.report(
-        f"{len(set(digests))} distinct model requests for {model_steps} model steps"
+    assert model_steps <= len(set(digests)) <= model_steps + lost_with_an_outcome, chaos.report(
+        f"{len(set(digests))} distinct model requests for {model_steps} model steps "
+        f"({lost_with_an_outcome} may have been made with an outcome the crash lost)"
     )
     assert repeated <= interrupted_at_most, chaos.report(
         f"{repeated} repeated model requests; at most {interrupted_at_most} calls were interrupted"
     )
-    assert len(digests) <= model_steps + interrupted_at_most, chaos.report(
+    assert len(digests) <= model_steps + interrupted_at_most + lost_with_an_outcome, chaos.report(
         f"{len(digests)} model requests for {model_steps} model steps"
     )
