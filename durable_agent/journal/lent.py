@@ -19,7 +19,7 @@ from psycopg.pq import TransactionStatus
 
 from ..errors import ConfigurationError, InvalidArgument
 from .db import Row, on_connection
-from .operator_store import Approval, decision_audit
+from .operator_store import Approval, decide_with_audit
 from .records import Turn
 from .sealing import NO_SEALING, Sealer, Where
 from .turn_ids import new_turn_id, submitted_again
@@ -160,18 +160,8 @@ class LentApprovals:
         """As ``OperatorStore.decide_approval``; the turn announced as woken at the commit."""
 
         def decide() -> Row | None:
-            row = self.tx.one(
-                "decide_approval",
-                turn_id=turn_id,
-                step=step,
-                decision=decision,
-                reason=reason,
-                decided_by=decided_by,
-            )
+            row = decide_with_audit(self.tx, turn_id, step, decision, reason, decided_by)
             if row is not None:
-                self.tx.run(
-                    "record_audit", **decision_audit(turn_id, step, decision, reason, decided_by)
-                )
                 self.tx.run("announce_wake", turn_id=turn_id)
             return row
 

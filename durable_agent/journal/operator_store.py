@@ -12,25 +12,40 @@ from datetime import datetime
 from typing import Any
 
 from .audit import Action, AuditEntry, Interface, audit_params
-from .db import Database, Row
+from .db import Database, Row, _Connected
 from .notify import announce
 from .records import Ended, _Row
 from .sealing import Where
 
 
-def decision_audit(
-    turn_id: str, step: int, decision: str, reason: str | None, decided_by: str
-) -> dict[str, Any]:
-    """The parameters of the audit entry of a decision on an approval."""
-    action: Action = "approve" if decision == "approved" else "deny"
-    return audit_params(
-        action,
-        decided_by,
+def decide_with_audit(
+    tx: _Connected, turn_id: str, step: int, decision: str, reason: str | None, decided_by: str
+) -> Row | None:
+    """Decide a pending call on ``tx`` and, when one was pending, append the decision's audit
+    entry in the same transaction: the decision's row (session_id, turn_id, queue), or None.
+    Shared by the operator's store and a decision in the application's transaction."""
+    row = tx.one(
+        "decide_approval",
         turn_id=turn_id,
         step=step,
-        before={"decision": None, "turn_status": "waiting"},
-        after={"decision": decision, "reason": reason, "turn_status": "queued"},
+        decision=decision,
+        reason=reason,
+        decided_by=decided_by,
     )
+    if row is not None:
+        action: Action = "approve" if decision == "approved" else "deny"
+        tx.run(
+            "record_audit",
+            **audit_params(
+                action,
+                decided_by,
+                turn_id=turn_id,
+                step=step,
+                before={"decision": None, "turn_status": "waiting"},
+                after={"decision": decision, "reason": reason, "turn_status": "queued"},
+            ),
+        )
+    return row
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,18 +310,7 @@ class OperatorStore:
         transaction); (session_id, turn_id, queue) to send, or None when nothing was
         pending."""
         with self.db.transaction() as tx:
-            row = tx.one(
-                "decide_approval",
-                turn_id=turn_id,
-                step=step,
-                decision=decision,
-                reason=reason,
-                decided_by=decided_by,
-            )
-            if row is not None:
-                tx.run(
-                    "record_audit", **decision_audit(turn_id, step, decision, reason, decided_by)
-                )
+            row = decide_with_audit(tx, turn_id, step, decision, reason, decided_by)
         return (row["session_id"], row["turn_id"], row["queue"]) if row else None
 
     # -- the audit trail ---------------------------------------------------------------------
