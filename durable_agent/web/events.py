@@ -66,7 +66,9 @@ def _encode(runtime: Runtime, event: TurnEvent, row: object) -> str:
     if event.parent_turn_id is not None:
         return ""  # a child turn's step: the child's own page shows it
     if event.step is not None:
-        turn = runtime.journal.get_turn(event.turn_id)
+        turn = runtime.journal.find_turn(event.turn_id, marked=True)  # its status, counts
+        if turn is None:
+            return ""
         html = row.render(r=step_row(event.step, turn))  # type: ignore[attr-defined]
         data = {
             "step": event.step.step,
