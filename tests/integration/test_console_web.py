@@ -332,9 +332,15 @@ def test_a_row_that_does_not_open_is_marked_not_a_503(
         assert listing.status_code == 200, listing.text[:500]
         assert "said in clear" in listing.text and readable.turn_id in listing.text
         assert listing.text.count("[sealed: key k1 unavailable]") == 2
+        claim = sealed_runtime.leases.claim(sealed.turn_id, "host:1:2#tok", 30.0)
+        assert isinstance(claim, Claim)
+        assert sealed_runtime.operator_store.park_for_approval(
+            sealed.turn_id, claim.epoch, 0, "send_email", {"to": "ada@example.com"}, None
+        )
         page = client.get(f"/turns/{sealed.turn_id}", headers=BASIC)
         assert page.status_code == 200 and "[sealed: key k1 unavailable]" in page.text
         assert "unknown or retired" in page.text  # why, in the mark's title
+        assert "Not shown, it does not open here: approvals: turn" in page.text
 
         keyed = TestClient(create_app(sealed_runtime, Authenticator({}, TOKEN)), base_url=BASE)
         bearer = {"Authorization": f"Bearer {TOKEN}"}
