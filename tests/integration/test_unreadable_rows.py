@@ -212,7 +212,7 @@ def test_cancel_opens_no_payload(
     from durable_agent.cli import main
     from durable_agent.journal import set_interface
 
-    keyed = runtimes(f"k1:{K1}")
+    keyed = runtimes(f"k1:{K1}", result_backend=settings.broker_url)
     source = keyed.journal.create_turn("a", "first")
     moved = keyed.journal.create_turn("b", "second")
     sealed = keyed.journal.create_turn("c", "third")
@@ -221,6 +221,11 @@ def test_cancel_opens_no_payload(
     result = ops.cancel_turn(moved.turn_id, "does not open", by="ops", settings=keyed.settings)
     assert result.cancelled and result.turn.unreadable_field("message") is not None
     assert result.as_json()["turn"]["unreadable"]["message"]["reason"] == "tampered"
+    backend = keyed.celery.backend  # the end is stored for agent_turn.delay(...).get()
+    try:
+        assert backend.get_task_meta(moved.turn_id)["status"] == "FAILURE"
+    finally:
+        backend.forget(moved.turn_id)
 
     monkeypatch.setenv("DURABLE_AGENT_DATABASE_URL", settings.database_url)
     monkeypatch.setenv("DURABLE_AGENT_KEYS", "")
