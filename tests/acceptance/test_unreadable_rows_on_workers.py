@@ -95,7 +95,6 @@ def test_a_worker_without_the_key_hands_turns_back_and_one_with_it_finishes_them
     assert sorted(m.subject for m in stack.inbox.messages) == [stack.subject] * TURNS
 
 
-@pytest.mark.long
 def test_a_tampered_message_ends_the_turn_failed_in_one_log_line(
     stack: Stack, spawn: Spawn, pg: psycopg.Connection
 ) -> None:
