@@ -341,6 +341,20 @@ def test_a_row_that_does_not_open_is_marked_not_a_503(
         assert page.status_code == 200 and "[sealed: key k1 unavailable]" in page.text
         assert "unknown or retired" in page.text  # why, in the mark's title
         assert "Not shown, it does not open here: approvals: turn" in page.text
+        # a clear turn whose step a worker with k1 sealed: the live timeline says the step
+        # does not open here, once, and the browser stops asking (before: the stream broke
+        # and the browser reconnected every second)
+        claim = sealed_runtime.leases.claim(readable.turn_id, "host:1:2#tok", 30.0)
+        assert isinstance(claim, Claim)
+        journal = sealed_runtime.journal.for_claim(readable.turn_id, claim.epoch, empty=True)
+        journal.insert_intent(0, "tool", "lookup_note", {"name": "launch"}, "safe")
+        journal.record_outcome(0, {"content": "the launch note"})
+        journal.flush()
+        page = client.get(f"/turns/{readable.turn_id}", headers=BASIC)
+        assert page.status_code == 200 and "input [sealed: key k1 unavailable]" in page.text
+        live = client.get(f"/turns/{readable.turn_id}/events?after=-1", headers=BASIC)
+        assert live.status_code == 200 and "event: unreadable" in live.text, live.text
+        assert "step 0 input is sealed with key 'k1'" in live.text
 
         keyed = TestClient(create_app(sealed_runtime, Authenticator({}, TOKEN)), base_url=BASE)
         bearer = {"Authorization": f"Bearer {TOKEN}"}
