@@ -1,11 +1,11 @@
 """The live timeline: a turn's finished steps as server-sent events, from ``stream_turn``.
 
 Each event is one step (its ``id`` the step number, its data the timeline row as HTML and
-the turn's status) or the end; ``unreadable`` when a row of the turn does not open here (the
-page shows it marked, and the browser stops asking). ``stream_turn`` is woken by Postgres' LISTEN/NOTIFY; a
-connection is held at most :data:`HOLD_SECONDS`, then the browser's EventSource comes back
-with ``Last-Event-ID`` and the stream goes on after that step: nothing is skipped, nothing
-comes twice.
+the turn's status) or the end; ``unreadable`` when a row of the turn does not open here
+(the page shows it marked, and the browser stops asking). ``stream_turn`` is woken by
+Postgres' LISTEN/NOTIFY; a connection is held at most :data:`HOLD_SECONDS`, then the
+browser's EventSource comes back with ``Last-Event-ID`` and the stream goes on after that
+step: nothing is skipped, nothing comes twice.
 """
 
 from __future__ import annotations
