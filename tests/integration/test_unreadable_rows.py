@@ -259,7 +259,9 @@ def test_turns_lists_every_turn_and_marks_what_does_not_open(
     moved = keyed.journal.create_turn("moved", "replaced")
     _move_message(pg, sealed.turn_id, moved.turn_id)
     monkeypatch.setenv("DURABLE_AGENT_DATABASE_URL", settings.database_url)
-    monkeypatch.setenv("COLUMNS", "200")
+    from durable_agent.cli.console import out
+
+    monkeypatch.setattr(out, "width", 1000)  # made at import: COLUMNS may have been narrow
     try:
         monkeypatch.setenv("DURABLE_AGENT_KEYS", "")
         assert main(["turns", "--json"]) == 0
