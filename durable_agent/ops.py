@@ -32,7 +32,6 @@ def cancel_turn(
     runtime = runtime_for(settings)
     return control.cancel(
         runtime.operator_store,
-        runtime.get_turn,
         runtime.enqueue,
         turn_id,
         reason,
@@ -111,7 +110,7 @@ def list_approvals(
     """Tool calls waiting for a decision, oldest first."""
     runtime = runtime_for(settings)
     return approvals.list_approvals(
-        runtime.operator_store, runtime.get_turn, turn_id=turn_id, include_decided=include_decided
+        runtime.operator_store, turn_id=turn_id, include_decided=include_decided
     )
 
 

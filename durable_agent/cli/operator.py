@@ -44,7 +44,6 @@ def cmd_cancel(runtime: Runtime, args: argparse.Namespace) -> int:
     runtime.require_schema()
     result = control.cancel(
         runtime.operator_store,
-        runtime.get_turn,
         runtime.enqueue,
         args.turn_id,
         args.reason,
@@ -171,7 +170,7 @@ def cmd_approvals(runtime: Runtime, args: argparse.Namespace) -> int:
     _check_inputs(args)
     runtime.require_schema()
     found = approvals.list_approvals(
-        runtime.operator_store, runtime.get_turn, turn_id=args.turn, include_decided=args.all
+        runtime.operator_store, turn_id=args.turn, include_decided=args.all
     )
     if args.json:
         print(json.dumps([a.as_json() for a in found], indent=2, ensure_ascii=False))

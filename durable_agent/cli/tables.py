@@ -48,6 +48,9 @@ def turns_table(turns: Sequence[Turn], waits: Mapping[str, str] | None = None) -
     shortened = False
     for t in turns:
         text = t.reply if t.status == "done" else (t.error or "")
+        if t.unreadable:  # what did not open, in place of it
+            marks = " ".join(f"{u.field} {u.label}" for u in t.unreadable)
+            text = f"{marks}; {text}" if text else marks
         if waits and t.turn_id in waits:
             text = f"waits for {waits[t.turn_id]}"
         if t.agent_changes:

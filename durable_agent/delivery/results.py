@@ -50,11 +50,17 @@ def store_end(runtime: ResultParts, turn_id: str) -> None:
     if not runtime.settings.result_backend:
         return
     try:
-        turn = runtime.journal.find_turn(turn_id)
+        # marked: a failed or cancelled turn's end is its clear status and error (a turn
+        # cancelled or failed because its message does not open has its end stored too)
+        turn = runtime.journal.find_turn(turn_id, marked=True)
         if turn is None or not turn.finished:
             return
         backend = runtime.celery.backend
         if turn.status == TurnStatus.DONE:
+            unreadable = turn.unreadable_field("reply")
+            if unreadable is not None:  # this process lacks its key: .get() would be garbage
+                log.warning("the result of turn %s is not stored: %s", turn_id, unreadable.detail)
+                return
             backend.store_result(turn_id, turn.reply, states.SUCCESS)
         else:
             backend.mark_as_failure(turn_id, failure_of(turn))

@@ -19,8 +19,10 @@ from typing import Any
 
 from ..errors import (
     BudgetExhausted,
+    KeyUnavailable,
     LeaseLost,
     ModelUnavailable,
+    PayloadTampered,
     ServiceUnavailable,
     TurnCancelled,
     TurnFailed,
@@ -60,6 +62,16 @@ log = logging.getLogger(__name__)
 UNKNOWN_AGENT_RETRY_SECONDS = 30.0
 HAND_BACK_SECONDS = 30.0
 """How long a turn this worker handed back, and received again, waits before it is sent."""
+MISSING_KEY_FIRST_SECONDS = 15.0
+MISSING_KEY_MAX_SECONDS = 300.0
+"""A turn with a row sealed under a key this worker lacks is handed back to wait this long
+(doubling with each attempt of the turn, up to the most) for a worker that holds the key."""
+
+
+def missing_key_delay(attempts: int) -> float:
+    """How long a turn handed back for a missing key waits before it is sent again."""
+    doublings = min(max(attempts - 1, 0), 8)
+    return min(MISSING_KEY_MAX_SECONDS, MISSING_KEY_FIRST_SECONDS * 2.0**doublings)
 
 
 class Outcome(StrEnum):
@@ -141,7 +153,9 @@ class TurnWorker:
                 return Delivery(turn_id, Outcome.REFUSED, claim.detail)
             log.info("delivery of %s not run: %s", turn_id, claim.detail)
             return Delivery(turn_id, Outcome.REFUSED, claim.detail)
-        if claim.turn.crashes >= self.settings.max_crashes:
+        if claim.turn.unreadable:  # its message does not open here
+            delivery = self._unreadable(claim)
+        elif claim.turn.crashes >= self.settings.max_crashes:
             delivery = self._give_up(claim)
         else:
             agent = self.agents.get(claim.turn.agent)
@@ -169,8 +183,9 @@ class TurnWorker:
         if turn_id not in self._handed_back:
             log.info("delivery of %s not run: %s; handed back", turn_id, why)
             self._handed_back[turn_id] = now
-            turn = self.store.get_turn(turn_id)
-            delivery.follow_up = (turn.session_id, turn.turn_id, turn.queue)
+            turn = self.store.find_turn(turn_id, marked=True)  # its ids, not its payloads
+            if turn is not None:
+                delivery.follow_up = (turn.session_id, turn.turn_id, turn.queue)
             return delivery
         self.store.defer_unclaimed(turn_id, HAND_BACK_SECONDS)
         if turn_id not in self._told_back:
@@ -198,6 +213,38 @@ class TurnWorker:
             why = f"agent {turn.agent!r} is not served by this worker; waiting for one that is"
         log.warning("turn %s: %s", turn.turn_id, why)
         self.leases.release(turn.turn_id, claim.epoch, UNKNOWN_AGENT_RETRY_SECONDS, why)
+        return Delivery(turn.turn_id, Outcome.DEFERRED, why)
+
+    def _unreadable(self, claim: Claim) -> Delivery:
+        """A turn whose message does not open here: failed if it was altered or moved (no
+        worker can ever open it), handed back if this worker lacks its key."""
+        unreadable = claim.turn.unreadable
+        tampered = next((u for u in unreadable if u.reason == "tampered"), None)
+        if tampered is not None:
+            return self._fail(claim, tampered.detail)
+        return self._wait_for_key(claim, unreadable[0].detail)
+
+    def _fail(self, claim: Claim, tampered: str) -> Delivery:
+        """End a turn a stored value of which does not open (PayloadTampered): one line
+        naming the row and field, no traceback; sending it again could not help."""
+        turn = claim.turn
+        reason = f"a stored value does not open: {tampered}"
+        log.error("turn %s failed: %s", turn.turn_id, reason)
+        ended = self.leases.fail(turn.turn_id, claim.epoch, reason)
+        return Delivery(
+            turn.turn_id, Outcome.FAILED, reason, follow_up=ended.next_turn if ended else None
+        )
+
+    def _wait_for_key(self, claim: Claim, missing: str) -> Delivery:
+        """A row of the turn is sealed with a key this worker does not hold (KeyUnavailable):
+        the turn is given back, not failed and not counted as a crash, to be sent again
+        after ``missing_key_delay`` for a worker that holds the key. It waits visibly
+        (queued, the reason in its error) until one does, or someone cancels it."""
+        turn = claim.turn
+        delay = missing_key_delay(turn.attempts)
+        why = f"waits for a worker that holds its key: {missing}"
+        log.warning("turn %s handed back: %s; sent again in %.0fs", turn.turn_id, why, delay)
+        self.leases.release(turn.turn_id, claim.epoch, delay, why)
         return Delivery(turn.turn_id, Outcome.DEFERRED, why)
 
     def _note_agent(self, claim: Claim, agent: BoundAgent) -> None:
@@ -330,6 +377,14 @@ class TurnWorker:
             except ServiceUnavailable as error:
                 delivery.outcome, delivery.detail = Outcome.INTERRUPTED, str(error)
                 return delivery
+            except KeyUnavailable as error:  # a row this worker cannot open: not its to run
+                _flush_quietly(journal)
+                return self._wait_for_key(claim, str(error))
+            except PayloadTampered as error:  # a row no worker can open: the turn ends
+                _flush_quietly(journal)
+                failed = self._fail(claim, str(error))
+                delivery.outcome, delivery.detail = failed.outcome, failed.detail
+                delivery.follow_up = failed.follow_up
             except Exception as error:  # TurnFailed, or a bug: end the turn with the reason
                 if not isinstance(error, TurnFailed):
                     log.exception("turn %s: unexpected error", turn.turn_id)
@@ -358,7 +413,7 @@ class TurnWorker:
 
     def _give_up(self, claim: Claim) -> Delivery:
         turn = claim.turn
-        steps = self.store.load_journal(turn.turn_id)
+        steps = self.store.load_journal(turn.turn_id, marked=True)  # kind and name only
         where = f"step {steps[-1].step} ({steps[-1].kind} {steps[-1].name})" if steps else "start"
         reason = (
             f"gave up: the worker running this turn died {turn.crashes} times "

@@ -153,6 +153,7 @@ def _run(
     *,
     prepare: bool | None = True,
     sealer: Sealer = NO_SEALING,
+    mark: bool = False,
 ) -> list[Any]:
     if params.keys() != q.parameters:
         raise TypeError(f"query {q.name} takes {sorted(q.parameters)}, got {sorted(params)}")
@@ -173,7 +174,7 @@ def _run(
     rows: list[Any] = cursor.fetchall()
     names = [column.name for column in cursor.description]
     if make is None:
-        sealer.open_rows(q.name, names, rows)
+        sealer.open_rows(q.name, names, rows, mark=mark)
         return rows
     sealer.open_rows(q.name, names, rows)
     return [make(*row) for row in rows]
@@ -247,19 +248,37 @@ class Database:
         rows: list[Row] = self._send(query(name), params, None)
         return rows
 
+    def run_marked(self, name: str, /, **params: Any) -> list[Row]:
+        """Like :meth:`run`, for a listing: a payload that does not open (a key this
+        process lacks, a tampered value) comes back as None, marked in the row's
+        ``unreadable`` list (:class:`~.sealing.Unreadable`), instead of failing the query."""
+        rows: list[Row] = self._send(query(name), params, None, mark=True)
+        return rows
+
+    def one_marked(self, name: str, /, **params: Any) -> Row | None:
+        rows = self.run_marked(name, **params)
+        return rows[0] if rows else None
+
     def records(self, name: str, make: Callable[..., T], /, **params: Any) -> list[T]:
         """Like :meth:`run`, each row turned into ``make(*columns)`` (in the query's order)."""
         records: list[T] = self._send(query(name), params, make)
         return records
 
-    def _send(self, q: Query, params: dict[str, Any], make: Callable[..., Any] | None) -> Any:
+    def _send(
+        self,
+        q: Query,
+        params: dict[str, Any],
+        make: Callable[..., Any] | None,
+        *,
+        mark: bool = False,
+    ) -> Any:
         with self._lock:
             for attempt in (1, 2):
                 if self._conn is None or self._conn.closed:
                     self._conn = self._connect()
                 conn = self._conn
                 try:
-                    return _run(conn, q, params, make, sealer=self.sealer)
+                    return _run(conn, q, params, make, sealer=self.sealer, mark=mark)
                 except psycopg.OperationalError as error:
                     translated = translate(error, self.url)
                     if conn.broken or isinstance(translated, ServiceUnavailable):

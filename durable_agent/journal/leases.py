@@ -50,10 +50,14 @@ class Leases:
         """Take the turn for ``owner``, or say why not. With ``queues``, only a turn that
         belongs to one of them is taken ("elsewhere" otherwise). ``agents``: the claimer's
         agents' digests and specs as JSON (``AgentBook.served_specs``), recorded on the turn
-        by its first claim."""
+        by its first claim.
+
+        The turn's message is opened marked: one that does not open (a key this worker
+        lacks, a tampered value) is in ``claim.turn.unreadable``, for the worker to decide
+        (the claim is taken either way, so the worker can end or release it)."""
         row = self._claim(turn_id, owner, lease_seconds, queues, agents)
         if row is None:
-            state = self.db.one("claim_refusal", turn_id=turn_id, key_limit=self.key_limit)
+            state = self.db.one_marked("claim_refusal", turn_id=turn_id, key_limit=self.key_limit)
             if state is None:
                 raise TurnNotFound(turn_id)
             if not (
@@ -65,7 +69,9 @@ class Leases:
                 return _refusal(state, queues)
             row = self._claim(turn_id, owner, lease_seconds, queues, agents)
             if row is None:
-                state = self.db.one("claim_refusal", turn_id=turn_id, key_limit=self.key_limit)
+                state = self.db.one_marked(
+                    "claim_refusal", turn_id=turn_id, key_limit=self.key_limit
+                )
                 if state is None:
                     raise TurnNotFound(turn_id)
                 return _refusal(state, queues)
@@ -80,7 +86,7 @@ class Leases:
         queues: list[str] | None,
         agents: str | None,
     ) -> Row | None:
-        return self.db.one(
+        return self.db.one_marked(
             "claim_turn",
             turn_id=turn_id,
             owner=owner,

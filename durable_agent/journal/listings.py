@@ -20,9 +20,11 @@ class Listings:
         self, turn_filter: TurnFilter, *, before: tuple[datetime, str] | None, limit: int
     ) -> list[Turn]:
         """Turns newest first that match the filter, after the ``before`` turn
-        ((created_at, turn_id) of the last one of the page before; None: from the newest)."""
+        ((created_at, turn_id) of the last one of the page before; None: from the newest).
+        A message or reply that does not open is marked (``Turn.unreadable``): one such row
+        does not take the listing down."""
         before_at, before_id = before if before is not None else (None, None)
-        rows = self.db.run(
+        rows = self.db.run_marked(
             "find_turns",
             **turn_filter.params(),
             before_at=before_at,

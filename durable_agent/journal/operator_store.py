@@ -14,7 +14,7 @@ from typing import Any
 from .audit import Action, AuditEntry, Interface, audit_params
 from .db import Database, Row, _Connected
 from .notify import announce
-from .records import Ended, _Row
+from .records import Ended, Turn, _Row
 from .sealing import Where
 
 
@@ -119,6 +119,12 @@ class OperatorStore:
         self.db = db
 
     # -- cancel ----------------------------------------------------------------------------
+
+    def find_turn(self, turn_id: str) -> Turn | None:
+        """The turn as recorded now, its payloads marked where they do not open (cancel
+        needs only its ids and status: a turn nobody can read can still be stopped)."""
+        row = self.db.one_marked("find_turn", turn_id=turn_id)
+        return Turn.from_row(row) if row else None
 
     def request_cancel(self, turn_id: str, requested_by: str, reason: str | None) -> bool:
         """Record the request (and in the same transaction its audit entry); False if the

@@ -8,6 +8,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Self, cast
 
+from .sealing import Unreadable
+
 if TYPE_CHECKING:
     from .ledger import Spend
 
@@ -85,9 +87,20 @@ class Turn(_Row):
     agent_spec: dict[str, Any] | None = None
     agent_changes: str | None = None
     spend: Spend | None = None  # the spend ledger of the turn, from get_turn and list_turns
+    unreadable: tuple[Unreadable, ...] = ()
+    """The payloads (message, reply) a marked read could not open (``Database.run_marked``:
+    listings, the claim, cancel); each is None here ("" for the message), never garbage."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", TurnStatus(self.status))
+        if self.unreadable:
+            object.__setattr__(self, "unreadable", tuple(self.unreadable))
+            if self.message is None:
+                object.__setattr__(self, "message", "")
+
+    def unreadable_field(self, name: str) -> Unreadable | None:
+        """Why ``name`` (message, reply) did not open, or None."""
+        return next((u for u in self.unreadable if u.field == name), None)
 
     @property
     def finished(self) -> bool:
@@ -112,6 +125,14 @@ class Turn(_Row):
             "created_at": self.created_at.isoformat(),
             "finished_at": self.finished_at.isoformat() if self.finished_at else None,
             **({"spend": self.spend.as_json()} if self.spend is not None else {}),
+            **(
+                {
+                    "message": None if self.unreadable_field("message") else self.message,
+                    "unreadable": {u.field: u.as_json() for u in self.unreadable},
+                }
+                if self.unreadable
+                else {}
+            ),
         }
 
 
@@ -177,9 +198,17 @@ class Step(_Row):
     created_at: datetime
     finished_at: datetime | None
     blob: str | None = None
+    unreadable: tuple[Unreadable, ...] = ()
+    """The payloads (input, output) a marked read could not open; each is None here."""
+
+    def __post_init__(self) -> None:
+        if self.unreadable:
+            object.__setattr__(self, "unreadable", tuple(self.unreadable))
 
     def summary(self, width: int = 70) -> str:
         """One line for the step's outcome."""
+        if self.unreadable:
+            return " ".join(f"{u.field} {u.label}" for u in self.unreadable)
         if self.status != "done":
             return "(waiting)" if self.kind == "wait" else "(no outcome recorded)"
         output = self.output
@@ -212,6 +241,11 @@ class Step(_Row):
             "blob": self.blob,
             "created_at": self.created_at.isoformat(),
             "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+            **(
+                {"unreadable": {u.field: u.as_json() for u in self.unreadable}}
+                if self.unreadable
+                else {}
+            ),
         }
 
 

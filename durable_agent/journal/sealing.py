@@ -29,7 +29,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from ..errors import ConfigurationError, KeyUnavailable, PayloadTampered
 
@@ -318,9 +318,13 @@ class Sealer:
 
     # -- rows -----------------------------------------------------------------------------
 
-    def open_rows(self, query: str, names: Sequence[str], rows: list[Any]) -> None:
+    def open_rows(
+        self, query: str, names: Sequence[str], rows: list[Any], *, mark: bool = False
+    ) -> None:
         """Open in place the sealed values of ``rows`` (dicts, or tuples in ``names`` order;
-        a tuple that holds one is replaced by a list)."""
+        a tuple that holds one is replaced by a list). ``mark`` (dict rows): a value that
+        does not open (a key this process lacks, a tampered value) becomes None and is
+        listed under the row's :data:`UNREADABLE` key, instead of failing every row."""
         columns = [
             (index, name, SEALED_COLUMNS[name])
             for index, name in enumerate(names)
@@ -342,10 +346,17 @@ class Sealer:
                 elif not (type(value) is str and value.startswith(MARK)):
                     continue
                 where = _where(query, row, at, name, column)
-                if column.json:
-                    opened = self.open_json(value, where)
-                else:
-                    opened = self.open_text(value, where)
+                try:
+                    if column.json:
+                        opened = self.open_json(value, where)
+                    else:
+                        opened = self.open_text(value, where)
+                except (KeyUnavailable, PayloadTampered) as error:
+                    if not (mark and keyed):
+                        raise
+                    opened = None
+                    marks = row.setdefault(UNREADABLE, [])
+                    marks.append(unreadable_of(error, name, self.key_of(value) or ""))
                 if keyed:
                     row[name] = opened
                 else:
@@ -379,6 +390,40 @@ def _where(query: str, row: Any, at: dict[str, Any], name: str, column: Column) 
 
 
 NO_SEALING = Sealer(None)
+
+UNREADABLE = "unreadable"
+"""The key under which a marked read (:meth:`Sealer.open_rows` with ``mark=True``) lists
+the values of a row that did not open (:class:`Unreadable`)."""
+
+
+class Unreadable(NamedTuple):
+    """A stored value that did not open, as a marked read reports it instead of raising:
+    its field, why (``key_unavailable``: sealed with a key this process does not hold;
+    ``tampered``: it does not open under its key, altered or copied from another row), the
+    key it names, and the error's text (which names the row)."""
+
+    field: str
+    reason: Literal["key_unavailable", "tampered"]
+    key: str
+    detail: str
+
+    @property
+    def label(self) -> str:
+        """What a listing shows in place of the value."""
+        if self.reason == "key_unavailable":
+            return f"[sealed: key {self.key} unavailable]"
+        return "[does not open: tampered]"
+
+    def as_json(self) -> dict[str, str]:
+        return {"reason": self.reason, "key": self.key, "detail": self.detail}
+
+
+def unreadable_of(error: KeyUnavailable | PayloadTampered, field: str, key: str) -> Unreadable:
+    """The mark of a value that raised ``error`` when opened."""
+    reason: Literal["key_unavailable", "tampered"] = (
+        "key_unavailable" if isinstance(error, KeyUnavailable) else "tampered"
+    )
+    return Unreadable(field, reason, key, str(error))
 
 
 def load_provider(path: str) -> KeyProvider:

@@ -82,8 +82,14 @@ class JournalStore(Listings, Observed):
         now: datetime = self.db.value("database_now")
         return now
 
-    def find_turn(self, turn_id: str) -> Turn | None:
-        row = self.db.one("find_turn", turn_id=turn_id)
+    def find_turn(self, turn_id: str, *, marked: bool = False) -> Turn | None:
+        """The turn, or None. ``marked``: a message or reply that does not open is None
+        and listed in ``Turn.unreadable`` instead of raising (for what needs only the
+        clear columns: cancel, the claim's bookkeeping, a console page)."""
+        if marked:
+            row = self.db.one_marked("find_turn", turn_id=turn_id)
+        else:
+            row = self.db.one("find_turn", turn_id=turn_id)
         return Turn.from_row(row) if row else None
 
     def get_turn(self, turn_id: str) -> Turn:
@@ -93,11 +99,12 @@ class JournalStore(Listings, Observed):
         return turn
 
     def list_turns(self, session_id: str | None = None, limit: int = 100) -> list[Turn]:
-        """One session's turns in order, or the newest turns first."""
+        """One session's turns in order, or the newest turns first; a message or reply
+        that does not open is marked (``Turn.unreadable``), not a failed listing."""
         if session_id is None:
-            rows = self.db.run("list_turns", limit=limit)
+            rows = self.db.run_marked("list_turns", limit=limit)
         else:
-            rows = self.db.run("list_session_turns", session_id=session_id, limit=limit)
+            rows = self.db.run_marked("list_session_turns", session_id=session_id, limit=limit)
         return [Turn.from_row(row) for row in rows]
 
     def session_history(self, session_id: str, before_seq: int) -> list[tuple[str, str]]:
@@ -157,8 +164,13 @@ class JournalStore(Listings, Observed):
             self, turn_id, epoch, [] if empty else None, wait_for_postgres=wait_for_postgres
         )
 
-    def load_journal(self, turn_id: str) -> list[Step]:
-        """Every journal row of the turn, in step order: one query, blobs joined in."""
+    def load_journal(self, turn_id: str, *, marked: bool = False) -> list[Step]:
+        """Every journal row of the turn, in step order: one query, blobs joined in.
+        ``marked`` (for a page that shows it): a payload that does not open is None and
+        listed in ``Step.unreadable`` instead of raising."""
+        if marked:
+            rows = self.db.run_marked("load_journal", turn_id=turn_id)
+            return [Step.from_row(row) for row in rows]
         return self.db.records("load_journal", Step, turn_id=turn_id)
 
     def load_journal_from(self, turn_id: str, first: int) -> list[Step]:
@@ -317,7 +329,7 @@ class JournalStore(Listings, Observed):
     def lost(self, turn_id: str, epoch: int, what: str) -> LeaseLost | TurnCancelled:
         """Why a write of this claim was refused: the turn is gone, cancelled, taken over,
         or (still ours) the journal lost its last writes in a Postgres crash."""
-        turn = self.find_turn(turn_id)
+        turn = self.find_turn(turn_id, marked=True)
         if turn is None:
             return LeaseLost(f"turn {turn_id} no longer exists; {what} not written")
         if turn.lease_epoch == epoch and turn.status == "running":

@@ -26,7 +26,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from ..errors import InvalidArgument, LeaseLost, ReplayDiverged, TurnCancelled, TurnParked
+from ..errors import (
+    InvalidArgument,
+    LeaseLost,
+    ReplayDiverged,
+    TurnCancelled,
+    TurnNotFound,
+    TurnParked,
+)
 from ..inputs import check_id
 from ..journal import Approval, Claim, Ended, OperatorStore
 from ..step.tools import Tool, ToolRegistry
@@ -134,16 +141,16 @@ def approval_gate(
 
 def list_approvals(
     store: OperatorStore,
-    get_turn: GetTurn,
     *,
     turn_id: str | None = None,
     include_decided: bool = False,
 ) -> list[Approval]:
     """Calls waiting for a decision (``include_decided``: decided ones too), oldest first.
-    Raises TurnNotFound for an unknown ``turn_id``."""
+    Raises TurnNotFound for an unknown ``turn_id`` (its payloads are not opened for that)."""
     if turn_id is not None:
         check_id("turn_id", turn_id)
-        get_turn(turn_id)  # TurnNotFound: an unknown turn is not an empty list
+        if store.find_turn(turn_id) is None:  # an unknown turn is not an empty list
+            raise TurnNotFound(turn_id)
     return store.list_approvals(turn_id=turn_id, include_decided=include_decided)
 
 

@@ -12,6 +12,10 @@ Cancelling a turn already cancelled changes nothing and succeeds (it says who ca
 it). The session goes on: its next turn is sent. A parked turn (waiting for a time, an
 event, a child) is not held by any worker: it ends at once. The open child turns of a
 cancelled turn (``ctx.run_agent``) are cancelled with it.
+
+Cancel reads only a turn's clear columns (ids, status, holder): a turn whose message or
+journal does not open (sealed with a key this process lacks, or tampered) is cancelled like
+any other, and its payloads show as marked (``Turn.unreadable``), never opened.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import DurableAgentError, InvalidArgument, TurnCancelled
+from ..errors import DurableAgentError, InvalidArgument, TurnCancelled, TurnNotFound
 from ..inputs import check_id
 from ..journal import Cancellation, Ended, OperatorStore, Turn
 
@@ -118,7 +122,6 @@ class CancelResult:
 
 def cancel(
     store: OperatorStore,
-    get_turn: GetTurn,
     enqueue: Enqueue,
     turn_id: str,
     reason: str | None = None,
@@ -131,7 +134,7 @@ def cancel(
     check_id("turn_id", turn_id)
     reason = check_note("reason", reason)
     who = check_by(by)
-    get_turn(turn_id)  # TurnNotFound for an unknown id
+    _turn(store, turn_id)  # TurnNotFound for an unknown id
     requested = store.request_cancel(turn_id, who, reason)
     ended = store.end_unheld_cancelled(turn_id)
     if ended is not None:
@@ -142,14 +145,21 @@ def cancel(
     for child in store.open_children(turn_id):  # its child agents' turns stop too
         cancel(
             store,
-            get_turn,
             enqueue,
             child,
             f"its parent turn {turn_id} was cancelled",
             by=who,
             store_end=store_end,
         )
-    return CancelResult(get_turn(turn_id), requested, store.find_cancellation(turn_id))
+    return CancelResult(_turn(store, turn_id), requested, store.find_cancellation(turn_id))
+
+
+def _turn(store: OperatorStore, turn_id: str) -> Turn:
+    """The turn's clear columns; its payloads are not opened (see the module docstring)."""
+    turn = store.find_turn(turn_id)
+    if turn is None:
+        raise TurnNotFound(turn_id)
+    return turn
 
 
 def stop_if_cancelled(store: OperatorStore, turn_id: str) -> None:

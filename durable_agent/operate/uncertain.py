@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, TurnNotFound
 from ..inputs import check_count, check_id
 from ..journal import JournalStore, OperatorStore, Row, Step
 from .cancel import check_by, check_note
@@ -109,7 +109,8 @@ def list_uncertain(
     turn or of one agent's turns if asked. Raises TurnNotFound for an unknown ``turn_id``."""
     if turn_id is not None:
         check_id("turn_id", turn_id)
-        journal.get_turn(turn_id)  # TurnNotFound: an unknown turn is not an empty inbox
+        if journal.find_turn(turn_id, marked=True) is None:  # not an empty inbox
+            raise TurnNotFound(turn_id)
     if agent is not None:
         check_id("agent", agent)
     check_count("limit", limit, 10_000)

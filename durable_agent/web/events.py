@@ -1,10 +1,11 @@
 """The live timeline: a turn's finished steps as server-sent events, from ``stream_turn``.
 
 Each event is one step (its ``id`` the step number, its data the timeline row as HTML and
-the turn's status) or the end. ``stream_turn`` is woken by Postgres' LISTEN/NOTIFY; a
-connection is held at most :data:`HOLD_SECONDS`, then the browser's EventSource comes back
-with ``Last-Event-ID`` and the stream goes on after that step: nothing is skipped, nothing
-comes twice.
+the turn's status) or the end; ``unreadable`` when a row of the turn does not open here
+(the page shows it marked, and the browser stops asking). ``stream_turn`` is woken by
+Postgres' LISTEN/NOTIFY; a connection is held at most :data:`HOLD_SECONDS`, then the
+browser's EventSource comes back with ``Last-Event-ID`` and the stream goes on after that
+step: nothing is skipped, nothing comes twice.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.templating import Jinja2Templates
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, KeyUnavailable, PayloadTampered
 from ..inputs import check_id
 from ..operate.live import TurnEvent
+from ..redact import redact
 from ..runtime import Runtime
 from .timeline import step_row
 
@@ -42,6 +44,9 @@ def turn_events(request: Request) -> Response:
                 yield _encode(runtime, event, row)
         except TimeoutError:
             yield ": held long enough; come back with Last-Event-ID\n\n"
+        except (KeyUnavailable, PayloadTampered) as error:  # the page shows it marked
+            data = json.dumps({"detail": redact(str(error))})
+            yield f"event: unreadable\ndata: {data}\n\n"
 
     async def body() -> AsyncIterator[str]:
         async for chunk in iterate_in_threadpool(lines()):
@@ -66,7 +71,9 @@ def _encode(runtime: Runtime, event: TurnEvent, row: object) -> str:
     if event.parent_turn_id is not None:
         return ""  # a child turn's step: the child's own page shows it
     if event.step is not None:
-        turn = runtime.journal.get_turn(event.turn_id)
+        turn = runtime.journal.find_turn(event.turn_id, marked=True)  # its status, counts
+        if turn is None:
+            return ""
         html = row.render(r=step_row(event.step, turn))  # type: ignore[attr-defined]
         data = {
             "step": event.step.step,

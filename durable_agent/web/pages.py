@@ -10,7 +10,13 @@ from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
 from .. import ops
-from ..errors import DurableAgentError, InvalidArgument
+from ..errors import (
+    DurableAgentError,
+    InvalidArgument,
+    KeyUnavailable,
+    PayloadTampered,
+    TurnNotFound,
+)
 from ..inputs import check_id
 from ..journal import Step, Turn, TurnFilter, TurnStatus, WaitStore
 from ..runtime import Runtime
@@ -129,14 +135,28 @@ def _cursor(text: str) -> tuple[datetime, str] | None:
 
 def turn_page(request: Request) -> Response:
     runtime = runtime_of(request)
-    turn = runtime.get_turn(check_id("turn_id", request.path_params["turn_id"]))
-    steps = runtime.journal.load_journal(turn.turn_id)
-    approvals = ops.list_approvals(
-        turn_id=turn.turn_id, include_decided=True, settings=runtime.settings
-    )
-    effects = ops.list_uncertain(
-        turn_id=turn.turn_id, include_resolved=True, settings=runtime.settings
-    )
+    turn_id = check_id("turn_id", request.path_params["turn_id"])
+    # marked reads: a payload that does not open shows as such; the rest of the page stays
+    found = runtime.journal.find_turn(turn_id, marked=True)
+    if found is None:
+        raise TurnNotFound(turn_id)
+    turn = runtime.with_spend([found])[0]
+    steps = runtime.journal.load_journal(turn.turn_id, marked=True)
+    unopened: list[str] = []  # a part of the page whose payloads do not open here
+    approvals: list[Any] = []
+    effects: list[Any] = []
+    try:
+        approvals = ops.list_approvals(
+            turn_id=turn.turn_id, include_decided=True, settings=runtime.settings
+        )
+    except (KeyUnavailable, PayloadTampered) as error:
+        unopened.append(f"approvals: {error}")
+    try:
+        effects = ops.list_uncertain(
+            turn_id=turn.turn_id, include_resolved=True, settings=runtime.settings
+        )
+    except (KeyUnavailable, PayloadTampered) as error:
+        unopened.append(f"uncertain effects: {error}")
     return render(
         request,
         "turn.html",
@@ -147,6 +167,7 @@ def turn_page(request: Request) -> Response:
         effects=effects,
         waits_for=waits_for(runtime, turn, approvals),
         heartbeat=_heartbeat(runtime, turn),
+        unopened=unopened,
     )
 
 

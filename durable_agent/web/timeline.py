@@ -58,10 +58,16 @@ def step_row(step: Step, turn: Turn) -> StepRow:
         uncertain=bool(output.get("uncertain"))
         or (step.status == "intent" and step.replay == "never" and not _live(step, turn)),
         summary=redact(step.summary(120)),
-        detail=redact(
-            json.dumps({"input": step.input, "output": step.output}, indent=1, default=str)
-        ),
+        detail=redact(json.dumps(_payloads(step), indent=1, default=str)),
     )
+
+
+def _payloads(step: Step) -> dict[str, Any]:
+    """A step's input and output; one that did not open is its mark, with why."""
+    shown: dict[str, Any] = {"input": step.input, "output": step.output}
+    for unopened in step.unreadable:
+        shown[unopened.field] = f"{unopened.label} {unopened.detail}"
+    return shown
 
 
 def how_it_ran(step: Step, turn: Turn) -> str:

@@ -128,6 +128,35 @@ def test_rows_are_opened_by_column_name_dicts_and_tuples() -> None:
         sealer.open_rows("q", ["message"], [{"message": message}])
 
 
+def test_a_marked_read_marks_what_does_not_open_and_opens_the_rest() -> None:
+    """Listings read marked: a value under a key this process lacks, or moved from its row,
+    is None with the reason, key and error; the other values and rows open as usual."""
+    k1 = Sealer(StaticKeys.parse(f"k1:{K1}"))
+    k2 = Sealer(StaticKeys.parse(f"k2:{K2}"))
+    moved_value = k2.text("moved", Where("a", "message"))  # a's message, in c's row
+    rows: list[dict[str, object]] = [
+        {"turn_id": "a", "message": k2.text("mine", Where("a", "message")), "reply": None},
+        {"turn_id": "b", "message": k1.text("old key", Where("b", "message")), "reply": None},
+        {"turn_id": "c", "message": moved_value, "reply": "clear"},
+    ]
+    k2.open_rows("q", ["turn_id", "message", "reply"], rows, mark=True)
+
+    assert rows[0] == {"turn_id": "a", "message": "mine", "reply": None}
+    assert rows[1]["message"] is None and rows[2]["message"] is None
+    assert rows[2]["reply"] == "clear"
+    (missing,) = rows[1]["unreadable"]  # type: ignore[misc]
+    assert (missing.field, missing.reason, missing.key) == ("message", "key_unavailable", "k1")
+    assert missing.label == "[sealed: key k1 unavailable]" and "turn b message" in missing.detail
+    (moved,) = rows[2]["unreadable"]  # type: ignore[misc]
+    assert (moved.reason, moved.label) == ("tampered", "[does not open: tampered]")
+    assert "turn c message" in moved.detail
+    with pytest.raises(PayloadTampered):  # unmarked, as the worker's journal reads
+        k2.open_rows("q", ["turn_id", "message"], [{"turn_id": "c", "message": moved_value}])
+    tuples: list[object] = [("b", k1.text("old key", Where("b", "message")))]
+    with pytest.raises(KeyUnavailable):  # only dict rows are marked
+        k2.open_rows("q", ["turn_id", "message"], tuples, mark=True)
+
+
 def test_no_key_seals_nothing() -> None:
     assert sealer_for("") is NO_SEALING
     assert NO_SEALING.text("hi", Where("t", "message")) == "hi"

@@ -25,4 +25,9 @@
     source.close();
     window.location.reload();
   });
+  // a row of the turn does not open in this console (a key it lacks, a tampered value):
+  // the page shows it marked; asking again would fail the same way
+  source.addEventListener("unreadable", function () {
+    source.close();
+  });
 })();
