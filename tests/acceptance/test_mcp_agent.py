@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 pytest.importorskip("mcp")
 
+SERVER = [sys.executable, "-m", "durable_agent.testing.mcp_server"]
 MESSAGE = "Please email the note 'launch' to ada@example.com."
 CLEAN_REPLY = "Done: the note 'launch' was sent to ada@example.com."
 
@@ -68,8 +69,7 @@ def http_mcp_server(tmp_path: Path) -> Iterator[Callable[[SmtpInbox], str]]:
         env = {**os.environ, "SMTP_URL": inbox.smtp_url, "INBOX_URL": inbox.api_url}
         with (tmp_path / "mcp_server.log").open("wb") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "durable_agent.testing.mcp_server", "--http"]
-                + ["--port", str(port)],
+                [*SERVER, "--http", "--port", str(port)],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
