@@ -13,7 +13,7 @@ from durable_agent.errors import ConfigurationError
 
 pytest.importorskip("mcp")
 
-from mcp_types import (  # noqa: E402
+from mcp_types import (
     CallToolResult,
     EmbeddedResource,
     ImageContent,
@@ -21,9 +21,9 @@ from mcp_types import (  # noqa: E402
     TextResourceContents,
 )
 
-from durable_agent.mcp.results import arguments_model, result_text  # noqa: E402
-from durable_agent.mcp.server_tools import _model_schema  # noqa: E402
-from durable_agent.mcp.servers import server_spec  # noqa: E402
+from durable_agent.mcp.results import arguments_model, result_text
+from durable_agent.mcp.server_tools import _model_schema
+from durable_agent.mcp.servers import server_spec
 
 
 def test_the_worker_imports_no_mcp_unless_a_tool_uses_it() -> None:
