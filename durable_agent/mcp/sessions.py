@@ -13,7 +13,9 @@ requests).
 - **A broken session.** A call that fails because the connection broke (the server died,
   the HTTP server went away) drops the session; the next call opens a new one. A ``safe``
   tool's call is sent again once on the new session; a ``never`` tool's is not (it may have
-  reached the server), and the runner records it as uncertain.
+  reached the server), and the runner records it as uncertain. Before each call a
+  session that saw its connection close since the last call (the server died in between) is
+  replaced first, so a ``never`` call is not reported uncertain without having been sent.
 - **A crash.** Nothing of the session survives the worker: the redelivered turn's worker
   opens its own, and the journal says what happened.
 """
@@ -79,11 +81,18 @@ class Session:
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            if self._client is not None and self._holder is not None and self._holder.done():
-                await self._drop()  # the session ended by itself (the server went away)
+            if self._client is not None and self.closed:
+                log.warning("%s: the session closed since the last call", self.spec.where)
+                await self._drop()
             if self._client is None:
                 self._client = await self._open()
             return self._client
+
+    @property
+    def closed(self) -> bool:
+        """Whether the session is not open, or has already seen its connection close (the
+        server went away since the last call)."""
+        return self._client is None or _closed(self._client, self._holder)
 
     async def _open(self) -> Client:
         from mcp import Client
@@ -185,6 +194,18 @@ class Session:
                     ) from None
                 log.warning("%s: the connection broke; sending %s again", self.spec.where, name)
         raise AssertionError("unreachable")
+
+
+def _closed(client: Client, holder: asyncio.Task[None] | None) -> bool:
+    """Whether a session has already seen its connection close (the server went away since
+    the last call). Asked before each call, so that a call that must not be sent twice is
+    sent once on a new session rather than reported uncertain without having left: the SDK
+    refuses a send on a closed connection with the same error as a call cut short. An SDK
+    that does not say counts as open."""
+    if holder is None or holder.done():
+        return True
+    dispatcher = getattr(client.session, "_dispatcher", None)
+    return getattr(dispatcher, "_closed", False) is True
 
 
 def _connection_broke(error: BaseException) -> bool:

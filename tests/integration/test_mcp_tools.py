@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ pytest.importorskip("mcp")
 from durable_agent.embedded.processes import free_port
 from durable_agent.errors import ConfigurationError, ToolDefinitionError
 from durable_agent.mcp import close_sessions, tools_from_server
+from durable_agent.mcp.sessions import session_for
 from durable_agent.settings import Settings
 from durable_agent.step.runner import StepRunner
 from durable_agent.step.tools import ToolRegistry, load_tools
@@ -206,21 +208,60 @@ def test_a_never_tool_gets_the_calls_idempotency_key() -> None:
         assert message.email["X-Idempotency-Key"] == key
 
 
-def test_one_session_per_process_rebuilt_after_the_server_died() -> None:
-    tools = tools_from_server("notes", command=SERVER, replay=LABELLED)
+def test_one_session_per_process_rebuilt_after_the_server_died(tmp_path: Path) -> None:
+    """Calls share one server; after it died between calls, a never call is sent once on a
+    new session (not reported uncertain without having left)."""
+    archive = tmp_path / "archive.txt"
+    tools = tools_from_server(
+        "notes",
+        command=SERVER,
+        replay={"archive_note": "never"},
+        env={"ARCHIVE_FILE": str(archive)},
+    )
     assert _servers() == []  # the listing's session is closed once listed
     lookup = tools.named("lookup_note")
     lookup(name="launch")
     lookup(name="standup")
     (server,) = _servers()  # two calls, one server
     os.kill(server, signal.SIGKILL)
+    session = session_for(tools.named("lookup_note").function.spec)
     deadline = time.monotonic() + 10
-    while server in _servers():
+    while not session.closed:  # the session reads the end of the server's output
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    # a safe tool's call is sent again on a new session
-    assert lookup(name="launch").startswith("The launch is on Friday")
+    runner, _ = _runner(*tools)
+    assert _call(runner, "archive_note", {"name": "launch"}) == "Archived 'launch'."
+    assert archive.read_text() == "launch\n"
     assert len(_servers()) == 1 and _servers() != [server]
+
+
+def test_a_never_call_cut_short_by_the_servers_death_is_uncertain() -> None:
+    """The server dies while send_email waits in SMTP: the call is not sent again; the model
+    reads that it may or may not have happened, and the next call opens a new session."""
+    with SmtpInbox() as inbox:
+        tools = tools_from_server(
+            "notes", command=SERVER, replay=LABELLED, env={"SMTP_URL": inbox.smtp_url}
+        )
+        runner, journal = _runner(*tools)
+        inbox.hold()
+        answer: list[str] = []
+        arguments = {"to": "ada@example.com", "subject": "Note: launch", "body": "Friday"}
+        sending = threading.Thread(
+            target=lambda: answer.append(_call(runner, "send_email", arguments))
+        )
+        sending.start()
+        try:
+            inbox.wait_for_waiting(1, timeout=30)
+            (server,) = _servers()
+            os.kill(server, signal.SIGKILL)
+            sending.join(30)
+        finally:
+            inbox.release()
+        assert answer and "may or may not have happened" in answer[0], answer
+        (step,) = journal.steps()
+        assert step.output["uncertain"] is True and step.output["error"] is True
+        assert len(_servers()) == 0  # not sent again on a new session
+        assert tools.named("lookup_note")(name="launch").startswith("The launch")
 
 
 def test_a_forked_child_opens_its_own_session() -> None:
