@@ -97,12 +97,20 @@ def test_labels_come_from_the_annotations_and_replay_fills_the_rest() -> None:
     assert "idempotency_key" not in schema.get("required", [])
 
 
-def test_replay_wins_over_the_annotations() -> None:
+def test_replay_wins_over_the_annotations_and_takes_the_servers_names() -> None:
+    """replay= and approval= name the server's tools; prefix= changes what the model calls."""
     tools = tools_from_server(
-        "notes", command=SERVER, replay={"lookup_note": "never", "archive_note": "never"}
+        "notes",
+        command=SERVER,
+        replay={"lookup_note": "never", "archive_note": "never"},
+        prefix="notes_",
+        approval=["send_email"],
     )
-    assert tools.named("lookup_note").replay == "never"
-    assert tools.named("archive_note").replay == "never"
+    assert tools.named("notes_lookup_note").replay == "never"
+    assert tools.named("notes_archive_note").replay == "never"
+    assert [t.name for t in tools if t.approval == "required"] == ["notes_send_email"]
+    with pytest.raises(ToolDefinitionError, match="approval names 'send_mail'"):
+        tools_from_server("notes", command=SERVER, replay=LABELLED, approval=["send_mail"])
 
 
 def test_a_tool_without_a_label_refuses_the_start_naming_it() -> None:
