@@ -138,6 +138,13 @@ class Session:
             except BaseException:  # closing a broken session: nothing more to learn
                 holder.cancel()
 
+    async def _forget(self, broken: Client) -> None:
+        """Drop the session whose connection broke, unless another call already replaced it."""
+        assert self._lock is not None
+        async with self._lock:
+            if self._client is broken:
+                await self._drop()
+
     async def close(self) -> None:
         if self._lock is None:
             await self._drop()
@@ -187,7 +194,7 @@ class Session:
             except Exception as error:
                 if not _connection_broke(error):
                     raise McpCallError(f"{self.spec.where}: {name}: {describe(error)}") from None
-                await self.close()
+                await self._forget(client)
                 if not resend or attempt == 2:
                     raise McpCallError(
                         f"{self.spec.where}: the connection broke during {name}: {describe(error)}"

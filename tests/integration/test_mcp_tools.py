@@ -243,6 +243,21 @@ def test_one_session_per_process_rebuilt_after_the_server_died(tmp_path: Path) -
     assert len(_servers()) == 1 and _servers() != [server]
 
 
+def test_calls_from_several_threads_share_the_one_session() -> None:
+    """A threads pool's calls run at once on the process's session: one server, every
+    answer its own call's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    lookup = tools_from_server("notes", command=SERVER, replay=LABELLED).named("lookup_note")
+    names = ["launch", "standup", "offsite"] * 8
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda name: lookup(name=name), names))
+    assert [a.split()[1] for a in answers] == [
+        {"launch": "launch", "standup": "moves", "offsite": "offsite"}[n] for n in names
+    ]
+    assert len(_servers()) == 1
+
+
 def test_a_never_call_cut_short_by_the_servers_death_is_uncertain() -> None:
     """The server dies while send_email waits in SMTP: the call is not sent again; the model
     reads that it may or may not have happened, and the next call opens a new session."""
