@@ -131,3 +131,19 @@ def test_arguments_are_checked_against_the_listed_schema_and_kept_as_they_are() 
         model.model_validate({})
     with pytest.raises(ValueError, match="not valid JSON Schema"):
         arguments_model("Bad", {"type": "no-such-type"})
+
+
+def test_labels_read_the_sdks_annotation_objects_and_wire_mappings() -> None:
+    """mcp 2's ToolAnnotations name the hints in snake_case; the wire names are camelCase:
+    either settles a label."""
+    from mcp_types import ToolAnnotations
+
+    from durable_agent.integrations.labels import label_from_annotations
+
+    assert label_from_annotations(ToolAnnotations(read_only_hint=True)) == "safe"
+    assert label_from_annotations(ToolAnnotations(destructive_hint=True)) == "never"
+    both = ToolAnnotations(destructive_hint=True, idempotent_hint=True)
+    assert label_from_annotations(both) is None
+    assert label_from_annotations({"readOnlyHint": True}) == "safe"
+    assert label_from_annotations({"destructiveHint": True, "idempotentHint": False}) == "never"
+    assert label_from_annotations(ToolAnnotations()) is None
