@@ -26,7 +26,7 @@ from durable_agent.mcp import close_sessions, tools_from_server
 from durable_agent.mcp.sessions import session_for
 from durable_agent.settings import Settings
 from durable_agent.step.runner import StepRunner
-from durable_agent.step.tools import ToolRegistry, load_tools
+from durable_agent.step.tools import ToolRegistry, ToolSet, load_tools
 from durable_agent.testing import MemoryJournal, SmtpInbox
 
 SERVER = [sys.executable, "-m", "durable_agent.testing.mcp_server"]
@@ -39,6 +39,13 @@ class Claimed:
 
     def still_claimed(self) -> bool:
         return True
+
+
+@pytest.fixture(scope="module")
+def notes() -> ToolSet:
+    """The test server's tools, listed once for the tests that need no environment of their
+    own (each test's calls still open a session of their own)."""
+    return tools_from_server("notes", command=SERVER, replay=LABELLED)
 
 
 @pytest.fixture(autouse=True)
@@ -80,8 +87,8 @@ def _runner(*tools: Any, turn_id: str = "turn_mcp") -> tuple[StepRunner, MemoryJ
     return StepRunner(journal, tools=ToolRegistry(tools), guard=Claimed()), journal
 
 
-def test_labels_come_from_the_annotations_and_replay_fills_the_rest() -> None:
-    tools = tools_from_server("notes", command=SERVER, replay=LABELLED)
+def test_labels_come_from_the_annotations_and_replay_fills_the_rest(notes: ToolSet) -> None:
+    tools = notes
     labels = {t.name: t.replay for t in tools}
     assert labels == {
         "lookup_note": "safe",  # readOnlyHint
@@ -176,8 +183,8 @@ def test_a_worker_whose_server_is_unreachable_does_not_start(
     assert "/nonexistent/mail-mcp" in errors[0]
 
 
-def test_an_is_error_result_is_the_tools_error_the_model_reads() -> None:
-    tools = tools_from_server("notes", command=SERVER, replay=LABELLED)
+def test_an_is_error_result_is_the_tools_error_the_model_reads(notes: ToolSet) -> None:
+    tools = notes
     runner, journal = _runner(*tools)
     text = _call(runner, "lookup_note", {"name": "no-such-note"})
     assert text.startswith("Error: lookup_note raised McpToolError")
@@ -243,12 +250,12 @@ def test_one_session_per_process_rebuilt_after_the_server_died(tmp_path: Path) -
     assert len(_servers()) == 1 and _servers() != [server]
 
 
-def test_calls_from_several_threads_share_the_one_session() -> None:
+def test_calls_from_several_threads_share_the_one_session(notes: ToolSet) -> None:
     """A threads pool's calls run at once on the process's session: one server, every
     answer its own call's."""
     from concurrent.futures import ThreadPoolExecutor
 
-    lookup = tools_from_server("notes", command=SERVER, replay=LABELLED).named("lookup_note")
+    lookup = notes.named("lookup_note")
     names = ["launch", "standup", "offsite"] * 8
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda name: lookup(name=name), names))
@@ -287,8 +294,8 @@ def test_a_never_call_cut_short_by_the_servers_death_is_uncertain() -> None:
         assert tools.named("lookup_note")(name="launch").startswith("The launch")
 
 
-def test_a_forked_child_opens_its_own_session() -> None:
-    tools = tools_from_server("notes", command=SERVER, replay=LABELLED)
+def test_a_forked_child_opens_its_own_session(notes: ToolSet) -> None:
+    tools = notes
     lookup = tools.named("lookup_note")
     lookup(name="launch")
     (parents,) = _servers()
