@@ -17,7 +17,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,evals,embedded,docs,sqlalchemy,examples,console,otel,metrics,encryption]'
+	$(BIN)/pip install --quiet -e '.[test,evals,embedded,docs,sqlalchemy,examples,console,otel,metrics,encryption,mcp]'
 	touch $@
 
 # everything but the long fault runs (under 4 minutes here)

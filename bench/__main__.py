@@ -1,5 +1,5 @@
 """``python -m bench [all|journal|throughput|resume|growth|recovery|door|console|sealing|``
-``timeline|telemetry|fleet|streaming|budgets|fairness|waits]``
+``timeline|telemetry|fleet|streaming|budgets|fairness|waits|mcp]``
 ``[--quick] [--json PATH]``:
 run the benchmarks, print tables (``--quick``: one round of each, smaller sizes, for CI).
 DBOS side by side is not here: ``make bench-peers`` runs ``python -m bench.peers`` in a
@@ -22,6 +22,7 @@ from . import machine
 BENCHMARKS = (
     "all", "journal", "throughput", "resume", "growth", "recovery", "door", "console",
     "telemetry", "sealing", "timeline", "fleet", "streaming", "budgets", "fairness", "waits",
+    "mcp",
 )  # fmt: skip
 
 
@@ -143,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
             results["waits"] = waits.run(sleepers=100, sleep_seconds=5, quick_turns=50, samples=10)
         else:
             results["waits"] = waits.run()
+    if args.which in ("all", "mcp"):
+        from . import mcp_calls
+
+        if args.quick:
+            results["mcp"] = mcp_calls.run(calls=50, reps=1)
+        else:
+            results["mcp"] = mcp_calls.run(reps=args.reps)
     out.print(f"[dim]finished in {time.monotonic() - started:.0f} s[/dim]")
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")

@@ -554,6 +554,29 @@ def bench_waits() -> str:
     )
 
 
+def bench_mcp() -> str:
+    """MCP tool calls: the plain MCP client, our tool without the journal, journaled."""
+    section = bench_results().get("mcp")
+    if section is None:
+        return (
+            f"Not in the committed run ({BENCH_RESULTS.name} has no `mcp` results yet): "
+            "`python -m bench mcp` measures it.\n"
+        )
+    per_call = section["us_per_call"]
+    plain = per_call["plain client"]["median"]
+    rows = [
+        [way, f"{figures['median']:,.0f} µs", f"{figures['median'] / plain:.2f}x"]
+        for way, figures in per_call.items()
+    ]
+    journal = section["journal_us_per_call"]
+    return (
+        table(["way", "median per call", "x plain client"], rows)
+        + f"\n\nThe journal's cost per call: **{journal['safe']:,.0f} µs** (`safe`), "
+        f"**{journal['never']:,.0f} µs** (`never`); {section['reps']} reps of "
+        f"{section['calls_per_rep']} calls.\n"
+    )
+
+
 def bench_telemetry() -> str:
     section = _section("telemetry")
     tracing = section["tracing"]
@@ -786,4 +809,5 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "bench-budgets": bench_budgets,
     "bench-fairness": bench_fairness,
     "bench-waits": bench_waits,
+    "bench-mcp": bench_mcp,
 }

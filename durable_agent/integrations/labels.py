@@ -18,6 +18,7 @@ too: a misspelled entry must not leave the real tool unlabelled.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -45,13 +46,16 @@ def check_replay_mapping(replay: Mapping[str, str] | None, *, where: str) -> dic
 
 
 def _hint(annotations: Any, name: str) -> bool | None:
-    """One boolean hint of MCP ``ToolAnnotations`` (an object or a mapping), or None."""
+    """One boolean hint of MCP ``ToolAnnotations`` (an object or a mapping), or None. The
+    wire name is camelCase (``readOnlyHint``); mcp 2's models name the attribute in
+    snake_case (``read_only_hint``): either is read."""
     if annotations is None:
         return None
+    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
     if isinstance(annotations, Mapping):
-        value = annotations.get(name)
+        value = annotations.get(name, annotations.get(snake))
     else:
-        value = getattr(annotations, name, None)
+        value = getattr(annotations, name, getattr(annotations, snake, None))
     return value if isinstance(value, bool) else None
 
 

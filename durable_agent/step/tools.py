@@ -268,6 +268,19 @@ def _indent_of_first(doc: str, section: str) -> int:
     return 0
 
 
+class ToolSet(tuple[Tool, ...]):
+    """Tools defined together, e.g. an MCP server's (``durable_agent.mcp``): a tools module
+    that holds one at its top level offers each of its tools, as it offers a ``Tool``, and
+    an agent takes them as ``tools=[*tool_set]``."""
+
+    def named(self, name: str) -> Tool:
+        """The tool of this set with this name; raises KeyError naming the known ones."""
+        for t in self:
+            if t.name == name:
+                return t
+        raise KeyError(f"no tool named {name!r} here (known: {', '.join(t.name for t in self)})")
+
+
 class ToolRegistry:
     """The tools one worker offers the model, by name."""
 
@@ -319,13 +332,17 @@ class ToolRegistry:
 
 
 def load_tools(module_names: Iterable[str], labels: dict[str, str] | None = None) -> ToolRegistry:
-    """Import the named modules and collect the tools they define (labels overridden)."""
+    """Import the named modules and collect the tools they define, each ``Tool`` and each
+    tool of a ``ToolSet`` at their top level (labels overridden)."""
     registry = ToolRegistry()
     for module_name in module_names:
         module = import_module(module_name)
         for value in vars(module).values():
             if isinstance(value, Tool):
                 registry.add(value)
+            elif isinstance(value, ToolSet):
+                for t in value:
+                    registry.add(t)
     if labels:
         bad = {name: label for name, label in labels.items() if label not in LABELS}
         if bad:

@@ -11,6 +11,9 @@
   keys.
 * :class:`Scenario`, :func:`load_scenario`: a crash matrix of your own agent and tools
   (``durable-agent eval crash-matrix --scenario``, the pytest plugin's ``crash_matrix``).
+* ``durable_agent.testing.mcp_server``: a test MCP server, the email tools over MCP with
+  their annotations and one unannotated tool, over stdio or streamable HTTP (``python -m
+  durable_agent.testing.mcp_server [--http --port N]``; needs the ``mcp`` extra).
 * ``email_policy``, ``refund_policy``, ``careless_refund_policy``: scripted agents for the
   demo and the evals (``POLICIES`` maps their command-line names to them).
 
