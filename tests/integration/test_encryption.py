@@ -7,7 +7,7 @@ is sealed by `rekey`, and rotation while turns run loses and garbles nothing."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -24,7 +24,6 @@ from durable_agent.operate.uncertain import list_uncertain
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
 from durable_agent.step.faults import CrashPoint
-from durable_agent.step.tools import ToolRegistry, load_tools
 from durable_agent.testing import ScriptedModelServer, SmtpInbox
 
 if TYPE_CHECKING:
@@ -34,33 +33,6 @@ MESSAGE = "Please email the note launch to ada@example.com"
 REPLY = "Done: the note 'launch' was sent to ada@example.com."
 SECRETS_IN_CLEAR = ["ada@example.com", "launch", "Please email", "Done: the note"]
 K1, K2, K3 = new_key(), new_key(), new_key()
-
-
-@pytest.fixture
-def tools() -> ToolRegistry:
-    return load_tools(["durable_agent_examples.email_tools"])
-
-
-@pytest.fixture
-def runtimes(
-    settings: Settings, model_server: ScriptedModelServer, tools: ToolRegistry
-) -> Iterator[Callable[..., Runtime]]:
-    """Runtimes on this test's database with the keys given (``""``: none)."""
-    made: list[Runtime] = []
-
-    def make(keys: str, **overrides: Any) -> Runtime:
-        runtime = Runtime(
-            settings.model_copy(
-                update={"keys": keys, "openai_base_url": model_server.base_url, **overrides}
-            ),
-            tools=tools,
-        )
-        made.append(runtime)
-        return runtime
-
-    yield make
-    for runtime in made:
-        runtime.close()
 
 
 def _worker(runtime: Runtime, crash: tuple[int, CrashPoint] | None = None) -> TurnWorker:

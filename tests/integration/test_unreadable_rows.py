@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -21,8 +21,7 @@ from durable_agent.delivery.turn_worker import TurnWorker, missing_key_delay
 from durable_agent.journal import new_key
 from durable_agent.runtime import Runtime
 from durable_agent.settings import Settings
-from durable_agent.step.tools import ToolRegistry, load_tools
-from durable_agent.testing import ScriptedModelServer, SmtpInbox
+from durable_agent.testing import SmtpInbox
 
 if TYPE_CHECKING:
     from conftest import DatabaseClock
@@ -32,33 +31,6 @@ REPLY = "Done: the note 'launch' was sent to ada@example.com."
 K1, K2 = new_key(), new_key()
 SEALED_K1 = "[sealed: key k1 unavailable]"
 TAMPERED = "[does not open: tampered]"
-
-
-@pytest.fixture
-def tools() -> ToolRegistry:
-    return load_tools(["durable_agent_examples.email_tools"])
-
-
-@pytest.fixture
-def runtimes(
-    settings: Settings, model_server: ScriptedModelServer, tools: ToolRegistry
-) -> Iterator[Callable[..., Runtime]]:
-    """Runtimes on this test's database with the keys given (``""``: none)."""
-    made: list[Runtime] = []
-
-    def make(keys: str, **overrides: Any) -> Runtime:
-        runtime = Runtime(
-            settings.model_copy(
-                update={"keys": keys, "openai_base_url": model_server.base_url, **overrides}
-            ),
-            tools=tools,
-        )
-        made.append(runtime)
-        return runtime
-
-    yield make
-    for runtime in made:
-        runtime.close()
 
 
 def _worker(runtime: Runtime, crash: Any = None) -> TurnWorker:
