@@ -138,12 +138,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             results["fairness"] = fairness.run()
     if args.which in ("all", "waits"):
-        from . import waits
+        from . import parked_turns
 
         if args.quick:
-            results["waits"] = waits.run(sleepers=100, sleep_seconds=5, quick_turns=50, samples=10)
+            results["waits"] = parked_turns.run(
+                sleepers=100, sleep_seconds=5, quick_turns=50, samples=10
+            )
         else:
-            results["waits"] = waits.run()
+            results["waits"] = parked_turns.run()
     if args.which in ("all", "mcp"):
         from . import mcp_calls
 

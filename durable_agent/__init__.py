@@ -5,7 +5,18 @@ turn reads finished calls back instead of running them again, and every tool car
 required replay label: ``safe`` (may run again) or ``never`` (never runs twice).
 """
 
-from .client import get_turn, list_events, send_event, start_turn, stream_turn, wait_for_turn
+from .app.client import get_turn, list_events, send_event, start_turn, stream_turn, wait_for_turn
+from .app.operator import (
+    approve,
+    audit_trail,
+    cancel_turn,
+    deny,
+    list_approvals,
+    list_uncertain,
+    prune,
+    rekey,
+    resolve_uncertain,
+)
 from .errors import (
     ConfigurationError,
     DurableAgentError,
@@ -25,24 +36,13 @@ from .errors import (
 from .journal import KeyProvider, Step, Turn, TurnStatus
 from .operate.events import EventSent
 from .operate.live import TurnEvent
-from .ops import (
-    approve,
-    audit_trail,
-    cancel_turn,
-    deny,
-    list_approvals,
-    list_uncertain,
-    prune,
-    rekey,
-    resolve_uncertain,
-)
 from .runtime import Runtime, runtime_for
 from .settings import Settings
 from .step.agents import Agent
 from .step.call_context import CallContext, current_call, still_claimed
 from .step.loop import Loop, TurnContext
 from .step.tools import Tool, tool
-from .step.waits import (
+from .step.wait_steps import (
     ChildTurnFailed,
     EventResult,
     agent_tool,

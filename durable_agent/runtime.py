@@ -41,7 +41,7 @@ from .journal import (
 )
 from .operate.budgets import Budgets
 from .operate.live import Announcements
-from .operate.live_reads import LiveReads
+from .operate.reads import LiveReads
 from .operate.spend import check_grouping, spend_of_turns, spend_report
 from .operate.tokens import TokenStreams
 from .redact import remember_secrets
@@ -342,7 +342,7 @@ class Runtime(LiveReads, TelemetryParts):
         if concurrency_key is not None:
             check_id("concurrency_key", concurrency_key)
         if connection is not None:
-            from .app_transaction import start_in_transaction
+            from .app.transaction import start_in_transaction
 
             return start_in_transaction(
                 self,

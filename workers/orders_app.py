@@ -7,7 +7,7 @@ fails (here: its reference is taken) rolls back, and its turn with it, and nothi
 ``GET /orders/{reference}`` shows the order with its turn.
 
 ``POST /orders`` with ``"agent": "checkout"`` starts the ``checkout`` agent instead
-(``durable_agent_examples.waits``), which waits for the event ``payment_settled``.
+(``durable_agent_examples.waiting_agents``), which waits for the event ``payment_settled``.
 ``POST /orders/{reference}/payments`` ``{"payment_id"}`` is the payment provider's webhook:
 it marks the order paid and sends that event to its turn in one transaction
 (``send_event(..., connection=session)``): the order is paid and the turn woken, or neither;

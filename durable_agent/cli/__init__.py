@@ -1,7 +1,7 @@
 """The ``durable-agent`` command line: :func:`main` and :func:`build_parser`, and the
 commands by group: ``service`` (migrate, worker, health, sweep), ``turns`` (submit, wait,
 watch, journal, turns, spend, replay), ``operator`` (cancel, prune, uncertain, resolve,
-approvals, approve, deny), ``waits`` (send-event, events). ``arguments`` holds the
+approvals, approve, deny), ``events`` (send-event, events). ``arguments`` holds the
 argument types, ``exits`` the exit codes, ``console`` and ``tables`` the terminal output
 (rich, imported only by the commands that print tables).
 
@@ -27,7 +27,7 @@ from ..redact import escape_log_lines
 from ..runtime import Runtime
 from ..settings import load_settings
 from ..usage import OneLineParser
-from . import metrics, operator, protect, service, turns, waits
+from . import events, metrics, operator, protect, service, turns
 from .arguments import whole_number
 from .exits import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_USAGE, error_line
 
@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     operator.register(add)  # cancel, prune, uncertain, resolve, approvals, approve, deny
     protect.register(add)  # rekey, audit, roles, keygen
-    waits.register(add)  # send-event, events
+    events.register(add)  # send-event, events
     add("eval", cmd_evals, "the evals of the pattern: crash-matrix, heed-note, two-workers, replay")
     add("demo", cmd_evals, "run a turn, kill its worker mid-way, watch another worker finish it")
     add(

@@ -461,7 +461,7 @@ def _check_send_event(args: list[Any], kwargs: dict[str, Any]) -> None:
         check_id("turn_id", given["turn_id"])
         if given.get("event_id") is not None:
             check_id("event_id", given["event_id"])
-        from ..step.waits import check_event_name
+        from ..step.wait_steps import check_event_name
 
         check_event_name(given["name"])
     except InvalidArgument as error:

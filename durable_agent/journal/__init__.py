@@ -56,7 +56,7 @@ from .sealing import (
     sealer_for,
 )
 from .store import ClaimedJournal, JournalStore
-from .waits import Child, Event, Recorded, Wait, WaitKind, WaitStore
+from .wait_store import Child, Event, Recorded, Wait, WaitKind, WaitStore
 
 __all__ = [
     "DEFAULT_PREFIX",

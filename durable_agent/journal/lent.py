@@ -23,7 +23,7 @@ from .operator_store import Approval, decide_with_audit
 from .records import Turn
 from .sealing import NO_SEALING, Sealer, Where
 from .turn_ids import new_turn_id, submitted_again
-from .waits import Recorded
+from .wait_store import Recorded
 
 SAVEPOINT = "durable_agent_start_turn"
 _PLACES = 20

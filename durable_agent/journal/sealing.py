@@ -67,7 +67,7 @@ A query that must see the stored form aliases the column (``input AS stored_inpu
 A new payload column is one entry here and one call where it is written, as an event's
 ``payload`` is: ``Column(json=True, per_step=False, key="event_id")`` here and
 ``sealer.json(payload, Where(turn_id, "payload", key=event_id))`` in its store
-(``waits.py``)."""
+(``wait_store.py``)."""
 
 CLEAR_KEYS: dict[str, tuple[str, ...]] = {
     "input": ("model",),

@@ -22,7 +22,7 @@ from typing import Any, Literal, Protocol
 from ..errors import InvalidArgument, TurnEnded, TurnNotFound
 from ..inputs import check_id
 from ..journal import Event, Recorded, WaitStore, storable
-from ..step.waits import check_event_name
+from ..step.wait_steps import check_event_name
 
 log = logging.getLogger(__name__)
 

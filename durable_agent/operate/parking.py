@@ -1,4 +1,4 @@
-"""The park mechanism on Postgres: how a claim waits at a wait step (see ``step/waits.py``).
+"""The park mechanism on Postgres: how a claim waits at a wait step (see ``step/wait_steps.py``).
 
 At a wait step whose intent is written, :meth:`Parking.wait` first asks whether what it
 waits for is there (an event of that name not yet consumed, the child turn ended, the due

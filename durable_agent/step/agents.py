@@ -40,7 +40,7 @@ from ..journal import digest
 from .loop import Api, BudgetBook, Loop, ModelCall, TokenSink, TurnContext, TurnInput, loop_name
 from .responses import responses_loop
 from .tools import Tool, ToolRegistry
-from .waits import agent_tool
+from .wait_steps import agent_tool
 
 if TYPE_CHECKING:
     from ..journal import Turn

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ..errors import InvalidArgument, ModelRateLimited, TurnFailed
 from .tools import ToolRegistry
-from .waits import (
+from .wait_steps import (
     SLEEP,
     EventResult,
     child_reply,

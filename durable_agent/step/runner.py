@@ -34,7 +34,7 @@ from .call_context import CallContext, bind_call
 from .faults import Faults
 from .observe import StepNote, StepObserver
 from .tools import Tool, ToolRegistry
-from .waits import Parking
+from .wait_steps import Parking
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ class StepRunner:
         self._remember_uncertain(name, intent, output)
         return output
 
-    # -- waits (step/waits.py) ---------------------------------------------------------------
+    # -- waits (step/wait_steps.py) ---------------------------------------------------------------
 
     def wait_step(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
         """Wait (a step of kind ``wait``): the recorded outcome, or park the turn until it

@@ -48,7 +48,7 @@ class Tool:
     wants_idempotency_key: bool
     module: str = field(default="")
     approval: Approval = "none"  # "required": the turn waits for a person's yes (approvals.py)
-    # a waiting tool (step/waits.py): its call is a wait step, parked until what this
+    # a waiting tool (step/wait_steps.py): its call is a wait step, parked until what this
     # returns for the call's arguments comes (a time, an event, a child agent's reply)
     wait: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 

@@ -2,8 +2,8 @@
 
 Named ``web`` because ``console`` is taken: :mod:`durable_agent.cli.console` is the terminal
 output of the command line. This package serves the same data as the CLI over HTTP, from the
-same calls (the operator API in :mod:`durable_agent.ops`, the :class:`Runtime`'s turns, spend
-and live stream), as server-rendered pages with one small script (the live timeline):
+same calls (the operator API in :mod:`durable_agent.app.operator`, the :class:`Runtime`'s turns,
+spend and live stream), as server-rendered pages with one small script (the live timeline):
 
 * :mod:`.auth`: who is asking (basic auth, the login form's cookie, or a bearer token) and
   the cross-site checks of every POST;

@@ -1,6 +1,6 @@
 """The console's actions (POST): approve, deny, resolve, cancel, log in and out.
 
-Each is the operator API's call (:mod:`durable_agent.ops`) with ``by`` the signed-in user,
+Each is the operator API's call (:mod:`durable_agent.app.operator`) with ``by`` the signed-in user,
 after the cross-site checks; then back to the page it came from, with one line saying what
 happened. A refused or mistaken action changes nothing and says why.
 """
@@ -15,7 +15,7 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from .. import ops
+from ..app import operator as ops
 from ..errors import InvalidArgument
 from ..inputs import check_id
 from ..journal import acting_through

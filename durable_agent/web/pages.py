@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
-from .. import ops
+from ..app import operator as ops
 from ..errors import (
     DurableAgentError,
     InvalidArgument,

@@ -221,10 +221,10 @@ def test_a_payment_marks_the_order_paid_and_wakes_its_checkout_in_one_transactio
     emails one receipt; the provider's retry changes nothing, another payment is refused; a
     payment for a checkout that was cancelled is refused and rolls back (the order stays
     unpaid)."""
-    from durable_agent_examples.waits_policy import waits_policy
+    from durable_agent_examples.waiting_agents_policy import waits_policy
 
     stack.model.policy = waits_policy
-    agents = "durable_agent_examples.waits"
+    agents = "durable_agent_examples.waiting_agents"
     settings = stack.settings.model_copy(update={"agents": agents})
     spawn(settings=settings, pool="prefork", concurrency=1, DURABLE_AGENT_AGENTS=agents)
     with TestClient(create_app(settings)) as desk:

@@ -1,7 +1,7 @@
 """Agents that wait and delegate, on real prefork workers: sleeps, events and child agents
 park their turn (no claim, no slot, no broker message) and come back when they should.
 
-Every test uses the example agents of ``durable_agent_examples.waits`` and their scripted
+Every test uses the example agents of ``durable_agent_examples.waiting_agents`` and their scripted
 model (``waits_policy``); Postgres and Redis restarts use throwaway servers."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import redis
-from durable_agent_examples.waits_policy import waits_policy
+from durable_agent_examples.waiting_agents_policy import waits_policy
 
 from durable_agent import TurnEnded, get_turn, send_event, start_turn, wait_for_turn
 from durable_agent.journal import WaitStore
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from durable_agent.embedded import EmbeddedServices
 
-AGENTS = "durable_agent_examples.waits"
+AGENTS = "durable_agent_examples.waiting_agents"
 
 
 def _waits_settings(stack: Stack, **update: object) -> Settings:

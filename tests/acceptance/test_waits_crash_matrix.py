@@ -1,5 +1,5 @@
 """The crash matrix over the new step kinds: a worker killed before and right after every
-sleep, event wait and child start of the ``courier`` agent (``waits_scenario.py``), through
+sleep, event wait and child start of the ``courier`` agent (``waiting_agents_scenario.py``), through
 the pytest plugin's ``crash_matrix`` fixture."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def test_every_wait_step_survives_a_crash_before_and_after_it(
     crash_matrix: Callable[..., Any],
 ) -> None:
     report = crash_matrix(
-        "durable_agent_examples.waits_scenario:scenario",
+        "durable_agent_examples.waiting_agents_scenario:scenario",
         pool="prefork",
         only=[
             (name, point)

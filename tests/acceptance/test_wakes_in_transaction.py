@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
-from durable_agent_examples.waits_policy import waits_policy
+from durable_agent_examples.waiting_agents_policy import waits_policy
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
@@ -105,13 +105,13 @@ def test_an_event_sent_in_the_application_transaction_wakes_the_turn_after_the_c
     receipt, the event read once."""
     stack.model.policy = waits_policy
     settings = stack.settings.model_copy(
-        update={"agents": "durable_agent_examples.waits", "sweep_interval_seconds": 0.2}
+        update={"agents": "durable_agent_examples.waiting_agents", "sweep_interval_seconds": 0.2}
     )
     spawn(
         settings=settings,
         pool="prefork",
         concurrency=1,
-        DURABLE_AGENT_AGENTS="durable_agent_examples.waits",
+        DURABLE_AGENT_AGENTS="durable_agent_examples.waiting_agents",
     )
     _make_payments(settings)
     turn_id = start_turn(f"s-{kind}", "order 7", agent="checkout", settings=settings)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from starlette.testclient import TestClient
 
-from durable_agent import ops
+from durable_agent.app import operator as ops
 from durable_agent.cli import main
 from durable_agent.journal import Claim, set_interface
 from durable_agent.runtime import Runtime

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 import redis
 
-from durable_agent.client import get_turn, start_turn, wait_for_turn
+from durable_agent.app.client import get_turn, start_turn, wait_for_turn
 from durable_agent.errors import TurnNotFound
 from durable_agent.journal import Claim, JournalStore, Leases
 from durable_agent.runtime import runtime_for

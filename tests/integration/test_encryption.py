@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from inprocess import CrashAt, SimulatedCrash
 
-from durable_agent import ops
+from durable_agent.app import operator as ops
 from durable_agent.delivery.turn_worker import TurnWorker
 from durable_agent.errors import KeyUnavailable, PayloadTampered
 from durable_agent.journal import MARK, SEALED_KEY, Sealer, StaticKeys, dumps, new_key

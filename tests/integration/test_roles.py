@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from durable_agent import ops
+from durable_agent.app import operator as ops
 from durable_agent.cli import main
 from durable_agent.journal import (
     Database,

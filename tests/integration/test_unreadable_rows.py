@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from inprocess import CrashAt, SimulatedCrash
 
-from durable_agent import ops
+from durable_agent.app import operator as ops
 from durable_agent.delivery.turn_worker import TurnWorker, missing_key_delay
 from durable_agent.journal import new_key
 from durable_agent.runtime import Runtime

@@ -14,7 +14,7 @@ from durable_agent.step.agents import bind
 from durable_agent.step.chat import chat_completions
 from durable_agent.step.runner import StepRunner
 from durable_agent.step.tools import ToolRegistry
-from durable_agent.step.waits import check_seconds, event_spec, sleep_spec
+from durable_agent.step.wait_steps import check_seconds, event_spec, sleep_spec
 from durable_agent.testing import ClaimHeld, MemoryJournal
 
 

@@ -757,7 +757,7 @@ WHERE t.turn_id = decided.turn_id AND t.status = 'waiting'
 RETURNING t.session_id, t.turn_id, t.queue;
 
 -- ---------------------------------------------------------------------------------------
--- parked turns: sleeps, events, child agents (journal/waits.py). A parked turn is
+-- parked turns: sleeps, events, child agents (journal/wait_store.py). A parked turn is
 -- `waiting`, with no claim, no lease and no message; `waits` says why and until when.
 -- ---------------------------------------------------------------------------------------
 

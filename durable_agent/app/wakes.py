@@ -28,14 +28,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .app_transaction import StartParts, check_same_database, lend
-from .delivery.waker import EventParts, events_of, send_woken
-from .errors import ServiceUnavailable
-from .journal import Approval, LentApprovals, LentWaits, OperatorStore, WaitStore
-from .operate import approvals
-from .operate.approvals import Decision
-from .operate.cancel import GetTurn
-from .operate.events import EventSent, send_event
+from ..delivery.waker import EventParts, events_of, send_woken
+from ..errors import ServiceUnavailable
+from ..journal import Approval, LentApprovals, LentWaits, OperatorStore, WaitStore
+from ..operate import approvals
+from ..operate.approvals import Decision
+from ..operate.cancel import GetTurn
+from ..operate.events import EventSent, send_event
+from .transaction import StartParts, check_same_database, lend
 
 log = logging.getLogger(__name__)
 

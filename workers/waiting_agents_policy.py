@@ -1,5 +1,6 @@
-"""The scripted model of the waiting agents (``waits.py``): ``python -m durable_agent.testing
-model-server --policy durable_agent_examples.waits_policy:waits_policy``.
+"""The scripted model of the waiting agents (``waiting_agents.py``):
+``python -m durable_agent.testing model-server --policy
+durable_agent_examples.waiting_agents_policy:waits_policy``.
 
 Research looks the note up and answers with its text; support asks research and passes the
 answer on; reminder waits the seconds the user names (``in N seconds``), then emails.

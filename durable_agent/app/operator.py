@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from .journal import Approval, AuditEntry, PruneCount, RekeyCount
-from .operate import approvals, protection, retention, uncertain
-from .operate import cancel as control
-from .operate.approvals import Decision
-from .operate.cancel import CancelResult
-from .operate.uncertain import UncertainEffect, Verdict
-from .runtime import Runtime, runtime_for
-from .settings import Settings
+from ..journal import Approval, AuditEntry, PruneCount, RekeyCount
+from ..operate import approvals, protection, retention, uncertain
+from ..operate import cancel as control
+from ..operate.approvals import Decision
+from ..operate.cancel import CancelResult
+from ..operate.uncertain import UncertainEffect, Verdict
+from ..runtime import Runtime, runtime_for
+from ..settings import Settings
 
 
 def cancel_turn(
@@ -166,7 +166,7 @@ def _decide_in_transaction(
     reason: str | None,
     by: str | None,
 ) -> Approval:
-    from .app_wakes import decide_in_transaction
+    from .wakes import decide_in_transaction
 
     return decide_in_transaction(
         runtime, runtime.get_turn, connection, turn_id, step, decision, reason=reason, by=by

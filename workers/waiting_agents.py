@@ -1,4 +1,4 @@
-"""Agents that wait and delegate (``DURABLE_AGENT_AGENTS=durable_agent_examples.waits``,
+"""Agents that wait and delegate (``DURABLE_AGENT_AGENTS=durable_agent_examples.waiting_agents``,
 with ``DURABLE_AGENT_TOOLS=durable_agent_examples.email_tools``).
 
 * ``reminder``: the built-in loop with the ``wait_seconds`` tool: the model decides to wait
@@ -8,11 +8,11 @@ with ``DURABLE_AGENT_TOOLS=durable_agent_examples.email_tools``).
   never came.
 * ``support`` delegates to ``research`` (an agent given as a tool): the model calls
   ``research(message)``, a child turn of the research agent answers, and support replies.
-* ``courier``: the crash matrix's scenario (``waits_scenario.py``): it asks the research
+* ``courier``: the crash matrix's scenario (``waiting_agents_scenario.py``): it asks the research
   agent (a child turn), sleeps a moment, has the event ``go`` sent (``ring``, a tool that
   sends it through the broker) and waits for it, then emails the answer.
 
-Their scripted model is ``waits_policy.py``.
+Their scripted model is ``waiting_agents_policy.py``.
 """
 
 from __future__ import annotations

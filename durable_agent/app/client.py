@@ -15,15 +15,15 @@ from typing import Any
 
 from celery.result import AsyncResult
 
-from .delivery.task_names import SEND_EVENT
-from .delivery.waker import deliver_event
-from .inputs import check_id
-from .journal import Event, Turn, WaitStore
-from .operate import events
-from .operate.events import EventSent
-from .operate.live import DEFAULT_POLL_SECONDS, TurnEvent
-from .runtime import runtime_for
-from .settings import Settings
+from ..delivery.task_names import SEND_EVENT
+from ..delivery.waker import deliver_event
+from ..inputs import check_id
+from ..journal import Event, Turn, WaitStore
+from ..operate import events
+from ..operate.events import EventSent
+from ..operate.live import DEFAULT_POLL_SECONDS, TurnEvent
+from ..runtime import runtime_for
+from ..settings import Settings
 
 
 def start_turn(
@@ -140,7 +140,7 @@ class _SendEvent:
         it commits". A rollback leaves no event and the turn still waits."""
         runtime = runtime_for(settings)
         if connection is not None:
-            from .app_wakes import send_event_in_transaction
+            from .wakes import send_event_in_transaction
 
             return send_event_in_transaction(runtime, connection, turn_id, name, payload, event_id)
         return deliver_event(runtime, turn_id, name, payload, event_id)

@@ -30,15 +30,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from .errors import ConfigurationError, InvalidArgument, ServiceUnavailable
-from .journal import Database, JournalStore, TurnStatus, record_turn
-from .step.faults import Faults
+from ..errors import ConfigurationError, InvalidArgument, ServiceUnavailable
+from ..journal import Database, JournalStore, TurnStatus, record_turn
+from ..step.faults import Faults
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection as SAConnection
     from sqlalchemy.orm import Session, SessionTransaction
 
-    from .delivery.sweeper import Sweeper
+    from ..delivery.sweeper import Sweeper
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def check_same_database(
 
 class Bell(Protocol):
     """What to do once the application's transaction commits: a turn's ``Doorbell``, or the
-    send of a turn woken in it (``app_wakes.py``)."""
+    send of a turn woken in it (``app/wakes.py``)."""
 
     @property
     def key(self) -> tuple[str, str]:

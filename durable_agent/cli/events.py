@@ -21,7 +21,7 @@ from ..journal import WaitStore
 from ..operate.events import list_events
 from ..redact import printable
 from ..runtime import Runtime
-from ..step.waits import check_event_name
+from ..step.wait_steps import check_event_name
 from .exits import EXIT_FAILED, error_line
 
 Command = Callable[[Runtime, argparse.Namespace], int]
